@@ -1,0 +1,24 @@
+"""Message id generation.
+
+Ids are UUIDv7 strings (RFC 9562): time-ordered, so the outbox's primary-key index is appended
+to rather than written at random places, and sortable by creation time when read by a human.
+The standard library gains ``uuid.uuid7`` only in Python 3.14.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+
+def new_message_id() -> str:
+    """Return a new UUIDv7 as a canonical lowercase string."""
+    unix_ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (unix_ms & 0xFFFF_FFFF_FFFF) << 80
+    value |= 0x7 << 76  # version 7
+    value |= (rand >> 68) << 64  # 12 bits rand_a
+    value |= 0b10 << 62  # RFC 4122 variant
+    value |= rand & 0x3FFF_FFFF_FFFF_FFFF  # 62 bits rand_b
+    return str(uuid.UUID(int=value))

@@ -1,0 +1,79 @@
+"""Exceptions raised by outboxer.
+
+Every exception derives from :class:`OutboxerError`. Driver exceptions are translated where
+they enter outboxer (``raise StoreUnavailable(...) from exc``), so callers never need to import
+a driver to handle a failure.
+
+::
+
+    OutboxerError
+    ├── ConfigurationError         invalid settings, URL or identifier; nothing was changed
+    ├── StoreError
+    │   ├── StoreUnavailable       the database cannot be reached right now (retry later)
+    │   └── SchemaError            the outbox tables are missing or at an unknown version
+    ├── NotFound                   a dead letter or other named object does not exist
+    └── PublishError               one message could not be published
+        ├── RetryablePublishError  transient, message-specific: counts an attempt, retried later
+        ├── PermanentPublishError  can never succeed (rejected/undecodable): dead-lettered at once
+        └── BrokerUnavailable      the broker/connection is down: counts no attempt, the relay
+                                   backs off as a whole
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerUnavailable",
+    "ConfigurationError",
+    "NotFound",
+    "OutboxerError",
+    "PermanentPublishError",
+    "PublishError",
+    "RetryablePublishError",
+    "SchemaError",
+    "StoreError",
+    "StoreUnavailable",
+]
+
+
+class OutboxerError(Exception):
+    """Root of every error outboxer raises."""
+
+
+class ConfigurationError(OutboxerError, ValueError):
+    """Settings, a URL or an identifier are invalid. Raised before anything is changed."""
+
+
+class StoreError(OutboxerError):
+    """The outbox database failed."""
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached; the operation may succeed later."""
+
+
+class SchemaError(StoreError):
+    """The outbox schema is missing or newer than this version of outboxer understands."""
+
+
+class NotFound(OutboxerError, LookupError):
+    """A named object (a dead letter, a handler registry) does not exist."""
+
+
+class PublishError(OutboxerError):
+    """Publishing one message failed. Subclasses say what the relay should do about it."""
+
+
+class RetryablePublishError(PublishError):
+    """A transient failure specific to this message: counts an attempt and is retried later."""
+
+
+class PermanentPublishError(PublishError):
+    """The message can never be published (rejected or undecodable): it is dead-lettered."""
+
+
+class BrokerUnavailable(PublishError):
+    """The broker or the connection to it is down.
+
+    Counts no attempt against the message; the relay releases its batch and backs off as a whole
+    (5 s, 10 s, 20 s, 40 s, capped at 60 s by default) until a publish succeeds again.
+    """

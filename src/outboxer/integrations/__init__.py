@@ -1,0 +1,1 @@
+"""Framework integrations (SQLAlchemy, FastAPI, ...); each imports its framework lazily."""

@@ -1,0 +1,118 @@
+"""The envelope every outbox message travels in.
+
+A :class:`Message` is what the relay claims from a store and hands to a publisher. Its ``id`` is
+stable from ``enqueue`` to the broker and the inbox, so every consumer can drop duplicates.
+The payload is stored and published as bytes together with its content type; ``encode_payload``
+turns the Python values ``enqueue`` accepts into those bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from outboxer.errors import ConfigurationError
+
+__all__ = ["JSON", "OCTET_STREAM", "TEXT", "Message", "encode_headers", "encode_payload"]
+
+JSON = "application/json"
+TEXT = "text/plain; charset=utf-8"
+OCTET_STREAM = "application/octet-stream"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message of the outbox.
+
+    Attributes:
+        id: Stable unique id (a UUIDv7 unless the writer chose one); consumers dedupe on it.
+        topic: Destination: Kafka topic, AMQP routing key, NATS subject, Redis stream.
+        payload: The body as bytes, see ``content_type``.
+        key: Ordering and partitioning key (e.g. the order id); same key, same order.
+        type: Event type such as ``OrderCreated``; handlers are chosen by it.
+        headers: User headers, string to string, carried to the broker.
+        content_type: MIME type of ``payload``.
+        created_at: When the business transaction wrote the message (UTC).
+        available_at: Not published before this instant (delayed delivery, retry backoff).
+        attempts: Failed publish attempts so far.
+    """
+
+    id: str
+    topic: str
+    payload: bytes
+    key: str | None = None
+    type: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    content_type: str = JSON
+    created_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    available_at: dt.datetime | None = None
+    attempts: int = 0
+
+    def json(self) -> Any:
+        """Decode a JSON payload."""
+        return json.loads(self.payload)
+
+    @property
+    def text(self) -> str:
+        """The payload decoded as UTF-8."""
+        return self.payload.decode()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID | decimal.Decimal):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, default=_json_default, separators=(",", ":")).encode()
+
+
+def encode_payload(payload: object) -> tuple[bytes, str]:
+    """Turn an ``enqueue`` payload into ``(bytes, content_type)``.
+
+    dict/list/None/numbers become JSON, ``str`` is UTF-8 text, ``bytes`` are kept as they are,
+    dataclasses and pydantic models (anything with ``model_dump_json``) become JSON.
+    Pydantic is detected by duck typing so that the core does not import it.
+
+    Raises:
+        ConfigurationError: the payload has a type outboxer cannot serialize.
+    """
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload), OCTET_STREAM
+    if isinstance(payload, str):
+        return payload.encode(), TEXT
+    dump_json = getattr(payload, "model_dump_json", None)
+    if callable(dump_json) and not isinstance(payload, type):
+        return str(dump_json()).encode(), JSON
+    if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+        payload = dataclasses.asdict(payload)
+    try:
+        return _dumps(payload), JSON
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"cannot serialize payload: {exc}") from exc
+
+
+def encode_headers(headers: Mapping[str, str] | None) -> str:
+    """Validate user headers (string keys and values) and return them as a JSON object."""
+    if not headers:
+        return "{}"
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ConfigurationError(f"header {name!r}: names and values must be strings")
+    return json.dumps(dict(headers), separators=(",", ":"))

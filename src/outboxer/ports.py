@@ -1,0 +1,260 @@
+"""The Protocols the core is written against.
+
+Stores (PostgreSQL, SQLite, the in-memory fake) and publishers (in-process handlers, Kafka, ...)
+implement these; the relay, the CLI and the admin API only ever see these types. Adapters carry
+their own driver-specific settings in their constructors, never as extra arguments here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from outboxer.errors import PublishError
+from outboxer.message import Message
+
+__all__ = [
+    "Claim",
+    "DeadLetter",
+    "DeadLetterFilter",
+    "DeadLetterPage",
+    "OutboxStats",
+    "Publisher",
+    "RelayInfo",
+    "Retry",
+    "Settlement",
+    "Store",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A batch of messages leased to one relay.
+
+    ``token`` is the fencing token: every settle statement matches on it, so a relay whose lease
+    expired (and whose rows another relay has since claimed) can never acknowledge, retry or
+    dead-letter rows it no longer owns.
+    """
+
+    token: int
+    messages: Sequence[Message]
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """A failed message to try again after ``delay`` seconds (one attempt is counted)."""
+
+    id: str
+    delay: float
+    reason: str
+
+
+@dataclass(slots=True)
+class Settlement:
+    """How a claimed batch ended; a store applies it in one transaction.
+
+    Attributes:
+        published: Ids the broker acknowledged: removed from the outbox.
+        retries: Ids that failed and will be retried (attempt counted).
+        dead: ``(id, reason)`` pairs moved to the dead-letter table (attempt counted).
+        released: Ids handed back untouched (broker down, shutdown): no attempt counted.
+    """
+
+    published: list[str] = field(default_factory=list)
+    retries: list[Retry] = field(default_factory=list)
+    dead: list[tuple[str, str]] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+
+    def settled_ids(self) -> set[str]:
+        """Every id this settlement already decides."""
+        ids = {*self.published, *self.released, *(r.id for r in self.retries)}
+        ids.update(i for i, _ in self.dead)
+        return ids
+
+
+Direction = Literal["publish", "consume"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message that failed for good, with why and how often."""
+
+    id: str
+    topic: str
+    key: str | None
+    type: str | None
+    payload: bytes
+    content_type: str
+    headers: Mapping[str, str]
+    created_at: dt.datetime
+    dead_lettered_at: dt.datetime
+    failure_reason: str
+    attempts: int
+    direction: Direction = "publish"
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON shape of the CLI (``--json``) and the admin API."""
+        try:
+            payload: Any = self.payload.decode()
+            if self.content_type.startswith("application/json"):
+                import json
+
+                payload = json.loads(payload)
+        except (UnicodeDecodeError, ValueError):
+            import base64
+
+            payload = {"base64": base64.b64encode(self.payload).decode()}
+        return {
+            "id": self.id,
+            "topic": self.topic,
+            "key": self.key,
+            "type": self.type,
+            "payload": payload,
+            "content_type": self.content_type,
+            "headers": dict(self.headers),
+            "created_at": self.created_at.isoformat(),
+            "dead_lettered_at": self.dead_lettered_at.isoformat(),
+            "failure_reason": self.failure_reason,
+            "attempts": self.attempts,
+            "direction": self.direction,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterFilter:
+    """Selects dead letters; empty fields match everything. ``ids`` narrows to those ids."""
+
+    topic: str | None = None
+    type: str | None = None
+    key: str | None = None
+    ids: Sequence[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterPage:
+    """One page of dead letters, newest first; pass ``next_cursor`` to get the next page."""
+
+    items: Sequence[DeadLetter]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RelayInfo:
+    """A relay instance as registered in the database by its heartbeat."""
+
+    relay_id: str
+    hostname: str
+    pid: int
+    started_at: dt.datetime
+    heartbeat_at: dt.datetime
+    in_flight: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "relay_id": self.relay_id,
+            "hostname": self.hostname,
+            "pid": self.pid,
+            "started_at": self.started_at.isoformat(),
+            "heartbeat_at": self.heartbeat_at.isoformat(),
+            "in_flight": self.in_flight,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxStats:
+    """What ``outboxer stats`` and ``GET /api/stats`` report."""
+
+    pending: int
+    in_flight: int
+    dead_letters: int
+    oldest_pending_age_seconds: float | None
+    relays: Sequence[RelayInfo] = ()
+    last_sweep: Mapping[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pending": self.pending,
+            "in_flight": self.in_flight,
+            "dead_letters": self.dead_letters,
+            "oldest_pending_age_seconds": self.oldest_pending_age_seconds,
+            "relays": [relay.to_json() for relay in self.relays],
+            "last_sweep": dict(self.last_sweep) if self.last_sweep is not None else None,
+        }
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Where messages wait: claimed in batches under a lease, settled in one transaction."""
+
+    async def claim_batch(
+        self, *, limit: int, lease_seconds: float, ordered: bool, relay_id: str
+    ) -> Claim:
+        """Lease up to ``limit`` available messages, oldest first.
+
+        With ``ordered``, only the head (oldest remaining message) of each key is eligible, so a
+        key's next message is claimable only after its predecessor left the outbox; unkeyed
+        messages are always eligible. Messages leased by anyone else are never returned.
+        """
+        ...
+
+    async def settle(self, claim: Claim, settlement: Settlement) -> None:
+        """Apply the outcome of a batch atomically, fenced by ``claim.token``."""
+        ...
+
+    async def release_expired_leases(self) -> int:
+        """Make messages whose lease ran out claimable again; return how many."""
+        ...
+
+    async def wait_for_messages(self, timeout: float) -> None:
+        """Return when new messages may have been committed, or after ``timeout`` seconds."""
+        ...
+
+    async def heartbeat(self, relay: RelayInfo) -> None:
+        """Register or refresh a relay instance."""
+        ...
+
+    async def unregister(self, relay_id: str) -> None:
+        """Remove a relay instance that stops cleanly."""
+        ...
+
+    async def stats(self) -> OutboxStats:
+        """Counts and ages for operators."""
+        ...
+
+    async def list_dead_letters(
+        self, flt: DeadLetterFilter, *, limit: int, cursor: str | None
+    ) -> DeadLetterPage:
+        """Dead letters matching ``flt``, newest first."""
+        ...
+
+    async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter:
+        """One dead letter; raises ``NotFound``."""
+        ...
+
+    async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
+        """Move matching dead letters back to the outbox (same id, attempts reset)."""
+        ...
+
+    async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
+        """Delete matching dead letters; return their ids."""
+        ...
+
+
+@runtime_checkable
+class Publisher(Protocol):
+    """Sends messages to a broker and reports, per message, whether the broker has them.
+
+    ``publish`` returns one entry per input message, in the same order: ``None`` when the broker
+    acknowledged it, otherwise the :class:`~outboxer.errors.PublishError` subclass that says what
+    to do (retry later, dead-letter, or back off because the broker is down). It may also raise
+    ``BrokerUnavailable`` for the whole batch. A publisher must be usable as an async context
+    manager that opens and closes its connections.
+    """
+
+    async def __aenter__(self) -> Publisher: ...
+
+    async def __aexit__(self, *exc_info: object) -> None: ...
+
+    async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]: ...

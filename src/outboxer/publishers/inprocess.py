@@ -1,0 +1,101 @@
+"""In-process publisher: "publishing" a message means running its handlers in the relay.
+
+A message is acknowledged when every handler returned. A handler that raises counts a failed
+attempt (retried later, dead-lettered after ``max_attempts``); raising
+:class:`~outboxer.errors.PermanentPublishError` dead-letters at once. A message with no handler
+is a permanent failure: silently dropping it would hide a wiring mistake.
+
+Plain (sync) handlers of a batch run one after the other in one worker thread, so a slow handler
+never blocks the relay's event loop; async handlers run concurrently on the loop. Within a batch
+the relay never puts two messages of the same key (ordered mode), so concurrency keeps order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from outboxer.errors import (
+    BrokerUnavailable,
+    PermanentPublishError,
+    PublishError,
+    RetryablePublishError,
+)
+from outboxer.inbox.registry import Handler, HandlerRegistry, load_registry
+from outboxer.message import Message
+
+__all__ = ["InProcessPublisher"]
+
+
+def _as_publish_error(exc: BaseException) -> PublishError:
+    if isinstance(exc, PermanentPublishError | BrokerUnavailable | RetryablePublishError):
+        return exc
+    return RetryablePublishError(f"handler raised {type(exc).__name__}: {exc}")
+
+
+class InProcessPublisher:
+    """Runs the handlers of a :class:`HandlerRegistry` for each message."""
+
+    def __init__(self, registry: HandlerRegistry) -> None:
+        self.registry = registry
+
+    @classmethod
+    def from_url(cls, url: str) -> InProcessPublisher:
+        """``inprocess://package.module:registry``."""
+        return cls(load_registry(url.partition("://")[2]))
+
+    async def __aenter__(self) -> InProcessPublisher:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+    async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+        results: list[PublishError | None] = [None] * len(messages)
+        threaded: list[tuple[int, list[Handler]]] = []
+        looped: list[Any] = []
+        for index, message in enumerate(messages):
+            handlers = self.registry.handlers_for(message)
+            if not handlers:
+                results[index] = PermanentPublishError(
+                    f"no handler for type {message.type!r} or topic {message.topic!r}"
+                )
+            elif any(self.registry.is_async(h) for h in handlers):
+                looped.append(self._run_async(results, index, message, handlers))
+            else:
+                threaded.append((index, handlers))
+        if threaded:
+            await asyncio.to_thread(self._run_sync, results, messages, threaded)
+        if looped:
+            await asyncio.gather(*looped)
+        return results
+
+    @staticmethod
+    def _run_sync(
+        results: list[PublishError | None],
+        messages: Sequence[Message],
+        work: list[tuple[int, list[Handler]]],
+    ) -> None:
+        for index, handlers in work:
+            try:
+                for handler in handlers:
+                    handler(messages[index])
+            except Exception as exc:  # noqa: BLE001 - a handler's failure is the message's
+                results[index] = _as_publish_error(exc)
+
+    async def _run_async(
+        self,
+        results: list[PublishError | None],
+        index: int,
+        message: Message,
+        handlers: list[Handler],
+    ) -> None:
+        try:
+            for handler in handlers:
+                if self.registry.is_async(handler):
+                    await handler(message)
+                else:
+                    await asyncio.to_thread(handler, message)
+        except Exception as exc:  # noqa: BLE001 - a handler's failure is the message's
+            results[index] = _as_publish_error(exc)

@@ -1,0 +1,5 @@
+"""The relay: claim, publish, settle - the same loop for every store and publisher."""
+
+from outboxer.relay.relay import Relay, RelayCounters
+
+__all__ = ["Relay", "RelayCounters"]

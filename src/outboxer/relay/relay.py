@@ -1,0 +1,381 @@
+"""The relay loop: wake → claim → publish → settle.
+
+Throughput comes from never waiting when it need not: a batch is claimed in one statement and
+published while the next batch is claimed (up to ``max_in_flight_batches`` at once); no database
+transaction is open while the broker works; each batch is settled in one statement in the common
+case. Idle relays wait on the store's doorbell (NOTIFY) with an adaptive polling fallback.
+
+What a failure does:
+
+- ``None`` result: acknowledged → removed from the outbox.
+- ``RetryablePublishError`` (or any unexpected exception): one attempt counted, retried after the
+  per-message backoff; dead-lettered once ``max_attempts`` is reached. Other messages flow on.
+- ``PermanentPublishError``: dead-lettered at once (retrying cannot help).
+- ``BrokerUnavailable``: no attempt counted, the batch is released, and the whole relay pauses
+  claiming along the outage backoff (5, 10, 20, 40, 60 s ...) until a publish succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from outboxer.config import RelaySettings
+from outboxer.errors import (
+    BrokerUnavailable,
+    PermanentPublishError,
+    PublishError,
+    RetryablePublishError,
+    StoreError,
+)
+from outboxer.message import Message
+from outboxer.ports import Claim, Publisher, RelayInfo, Retry, Settlement, Store
+
+__all__ = ["Relay", "RelayCounters"]
+
+log = logging.getLogger("outboxer.relay")
+
+_MAX_REASON = 2000
+
+
+@dataclass(slots=True)
+class RelayCounters:
+    """What a relay did since it started."""
+
+    claimed: int = 0
+    published: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    released: int = 0
+    batches: int = 0
+    outages: int = 0
+
+
+def _reason(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 1] + "…"
+
+
+class Relay:
+    """Moves messages from a store to a publisher until stopped.
+
+    Args:
+        store: Where messages wait (its lifecycle belongs to the caller).
+        publisher: Where they go (entered and exited by the caller).
+        settings: Batch size, window, retries, backoff, leases.
+    """
+
+    def __init__(
+        self, store: Store, publisher: Publisher, settings: RelaySettings | None = None
+    ) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.settings = settings or RelaySettings()
+        host = socket.gethostname()
+        self.relay_id = self.settings.relay_id or f"{host}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.info = RelayInfo(
+            relay_id=self.relay_id,
+            hostname=host,
+            pid=os.getpid(),
+            started_at=dt.datetime.now(dt.UTC),
+            heartbeat_at=dt.datetime.now(dt.UTC),
+        )
+        self.counters = RelayCounters()
+        self._window = asyncio.Semaphore(self.settings.max_in_flight_batches)
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._stop = asyncio.Event()
+        self._outage_failures = 0
+        self._outage_until = 0.0
+        self._store_failures = 0
+
+    # -- public ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the relay to stop: no new claims; in-flight batches finish or are released."""
+        self._stop.set()
+
+    @property
+    def outage_failures(self) -> int:
+        """Consecutive broker-unavailable rounds (0 while the broker is healthy)."""
+        return self._outage_failures
+
+    async def run(self) -> RelayCounters:
+        """Relay until :meth:`stop` is called; returns the counters."""
+        return await self._run(until_empty=False)
+
+    async def drain(self, timeout: float | None = None) -> RelayCounters:
+        """Relay until the outbox is empty (every message published or dead-lettered).
+
+        Messages waiting for a retry are waited for, so use small retry delays with it.
+        Raises ``TimeoutError`` after ``timeout`` seconds.
+        """
+        async with asyncio.timeout(timeout):
+            return await self._run(until_empty=True)
+
+    # -- loop --------------------------------------------------------------------------------
+
+    async def _run(self, *, until_empty: bool) -> RelayCounters:
+        log.info(
+            "relay %s starting (batch %d, window %d, %s)",
+            self.relay_id,
+            self.settings.batch_size,
+            self.settings.max_in_flight_batches,
+            "ordered" if self.settings.ordered else "unordered",
+        )
+        heart = asyncio.create_task(self._heartbeat_loop(), name="outboxer-heartbeat")
+        try:
+            await self._claim_loop(until_empty)
+        finally:
+            await self._finish_in_flight()
+            heart.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await heart
+            with contextlib.suppress(Exception):
+                await self.store.unregister(self.relay_id)
+            log.info("relay %s stopped: %s", self.relay_id, self.counters)
+        return self.counters
+
+    async def _claim_loop(self, until_empty: bool) -> None:
+        settings = self.settings
+        idle = settings.min_poll_interval
+        while not self._stop.is_set():
+            await self._window.acquire()
+            started = False
+            try:
+                wait = self._outage_until - time.monotonic()
+                if wait > 0:
+                    await self._sleep(wait)
+                    continue
+                try:
+                    claim = await self.store.claim_batch(
+                        limit=settings.batch_size,
+                        lease_seconds=settings.lease_seconds,
+                        ordered=settings.ordered,
+                        relay_id=self.relay_id,
+                    )
+                except StoreError as exc:
+                    self._store_failures += 1
+                    delay = settings.outage.delay(self._store_failures)
+                    log.warning("store unavailable (%s): retrying in %.1fs", exc, delay)
+                    await self._sleep(delay)
+                    continue
+                self._store_failures = 0
+                if claim.messages:
+                    idle = settings.min_poll_interval
+                    self.counters.claimed += len(claim.messages)
+                    task = asyncio.create_task(self._deliver(claim))
+                    self._in_flight.add(task)
+                    task.add_done_callback(self._delivered)
+                    started = True
+                    if len(claim.messages) == settings.batch_size:
+                        continue  # a full batch: more is probably waiting, claim again now
+                elif until_empty and not self._in_flight and await self._outbox_empty():
+                    return
+            finally:
+                if not started:
+                    self._window.release()
+            # A short or empty claim. While batches are in flight, their settlement is what
+            # makes more work claimable (ordered mode: their keys' next messages), so wait for
+            # one of them rather than scanning the outbox again; otherwise wait for the doorbell
+            # with an adaptive polling fallback.
+            if self._in_flight:
+                await self._sleep(settings.poll_interval, in_flight=True)
+            else:
+                await self._sleep(idle, doorbell=True)
+                idle = min(idle * 2, settings.poll_interval)
+
+    def _delivered(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.discard(task)
+        self._window.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("delivery task failed", exc_info=task.exception())
+
+    async def _outbox_empty(self) -> bool:
+        stats = await self.store.stats()
+        return stats.pending == 0 and stats.in_flight == 0
+
+    async def _sleep(
+        self, seconds: float, *, doorbell: bool = False, in_flight: bool = False
+    ) -> None:
+        """Sleep, returning early on stop, on the store's doorbell or when a batch finishes."""
+        own: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._stop.wait())]
+        if doorbell:
+            own.append(asyncio.ensure_future(self.store.wait_for_messages(seconds)))
+        others: set[asyncio.Task[None]] = set(self._in_flight) if in_flight else set()
+        try:
+            await asyncio.wait(
+                [*own, *others], timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for waiter in own:
+                waiter.cancel()
+            await asyncio.gather(*own, return_exceptions=True)
+
+    async def _finish_in_flight(self) -> None:
+        if not self._in_flight:
+            return
+        _, pending = await asyncio.wait(
+            set(self._in_flight), timeout=self.settings.shutdown_timeout
+        )
+        for task in pending:  # each releases its claim when cancelled
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            try:
+                await self.store.heartbeat(self.info)
+                released = await self.store.release_expired_leases()
+                if released:
+                    log.warning("took back %d messages whose lease expired", released)
+            except StoreError as exc:
+                log.warning("heartbeat failed: %s", exc)
+            await asyncio.sleep(self.settings.heartbeat_interval)
+
+    # -- one batch ---------------------------------------------------------------------------
+
+    async def _deliver(self, claim: Claim) -> None:
+        settlement = Settlement()
+        try:
+            if self.settings.ordered:
+                await self._publish_in_waves(claim.messages, settlement)
+            else:
+                results = await self._publish(claim.messages)
+                self._classify(claim.messages, results, settlement)
+        except asyncio.CancelledError:
+            # Shutdown ran out of time: settle what is known, hand the rest back at once so
+            # another relay can take it without waiting for the lease to expire.
+            settled = settlement.settled_ids()
+            rest = [m.id for m in claim.messages if m.id not in settled]
+            settlement.released.extend(rest)
+            self.counters.released += len(rest)
+            await asyncio.shield(self._settle(claim, settlement))
+            raise
+        self.counters.batches += 1
+        await self._settle(claim, settlement)
+
+    async def _publish_in_waves(self, messages: Sequence[Message], settlement: Settlement) -> None:
+        """Publish a claim whose keys may have runs of several messages, keeping key order.
+
+        Wave *n* holds the *n*-th message of every key (unkeyed messages all go in the first),
+        so each publish call has at most one message per key and can be pipelined freely. When a
+        message fails, the rest of its key is released untouched: it waits behind the failed
+        message, which stays the head of its key.
+        """
+        waves: list[list[Message]] = []
+        depth: dict[str, int] = {}
+        for message in messages:
+            n = 0
+            if message.key is not None:
+                n = depth.get(message.key, 0)
+                depth[message.key] = n + 1
+            if n == len(waves):
+                waves.append([])
+            waves[n].append(message)
+        blocked: set[str | None] = set()
+        for n, wave in enumerate(waves):
+            todo = [m for m in wave if m.key not in blocked]
+            held = [m.id for m in wave if m.key in blocked]
+            settlement.released.extend(held)
+            self.counters.released += len(held)
+            results = await self._publish(todo)
+            outage = self._classify(todo, results, settlement)
+            blocked.update(m.key for m, r in zip(todo, results, strict=True) if r is not None)
+            if outage:
+                rest = [m.id for later in waves[n + 1 :] for m in later]
+                settlement.released.extend(rest)
+                self.counters.released += len(rest)
+                return
+
+    async def _publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+        if not messages:
+            return []
+        try:
+            results = await self.publisher.publish(messages)
+        except PublishError as exc:
+            return [exc] * len(messages)
+        except Exception as exc:
+            log.exception("publisher raised unexpectedly")
+            return [RetryablePublishError(f"publisher failed: {exc!r}")] * len(messages)
+        if len(results) != len(messages):
+            error = RetryablePublishError("publisher returned a wrong number of results")
+            return [error] * len(messages)
+        return results
+
+    def _classify(
+        self,
+        messages: Sequence[Message],
+        results: Sequence[PublishError | None],
+        settlement: Settlement,
+    ) -> bool:
+        """Add each message's fate to ``settlement``; True when the broker was unavailable."""
+        outage: BrokerUnavailable | None = None
+        published = retried = dead = released = 0
+        for message, result in zip(messages, results, strict=True):
+            if result is None:
+                settlement.published.append(message.id)
+                published += 1
+            elif isinstance(result, BrokerUnavailable):
+                settlement.released.append(message.id)
+                released += 1
+                outage = result
+            elif (
+                isinstance(result, PermanentPublishError)
+                or message.attempts + 1 >= self.settings.max_attempts
+            ):
+                settlement.dead.append((message.id, _reason(result)))
+                dead += 1
+            else:
+                delay = self.settings.retry.delay(message.attempts + 1)
+                settlement.retries.append(Retry(message.id, delay, _reason(result)))
+                retried += 1
+        counters = self.counters
+        counters.published += published
+        counters.retried += retried
+        counters.dead_lettered += dead
+        counters.released += released
+        if outage is not None:
+            self._broker_down(outage)
+            return True
+        if published and self._outage_failures:
+            log.info("broker is back after %d failed rounds", self._outage_failures)
+            self._outage_failures = 0
+        return False
+
+    def _broker_down(self, error: BrokerUnavailable) -> None:
+        now = time.monotonic()
+        if now < self._outage_until:
+            return  # another batch of the same round already backed off
+        self._outage_failures += 1
+        self.counters.outages += 1
+        delay = self.settings.outage.delay(self._outage_failures)
+        self._outage_until = now + delay
+        log.warning("broker unavailable (%s): pausing %.1fs", error, delay)
+
+    async def _settle(self, claim: Claim, settlement: Settlement) -> None:
+        """Settle, retrying while the database is away and the lease still holds."""
+        deadline = time.monotonic() + self.settings.lease_seconds
+        failures = 0
+        while True:
+            try:
+                await self.store.settle(claim, settlement)
+                return
+            except StoreError as exc:
+                failures += 1
+                delay = min(0.1 * 2**failures, 5.0)
+                if time.monotonic() + delay > deadline:
+                    # The lease runs out: another relay will publish these again (the
+                    # duplicates the at-least-once contract allows after a failure).
+                    log.error("could not settle batch, lease will expire: %s", exc)
+                    return
+                await asyncio.sleep(delay)

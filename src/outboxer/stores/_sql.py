@@ -1,0 +1,89 @@
+"""SQL lives in versioned ``.sql`` files beside the stores; this module loads and renders it.
+
+Placeholders such as ``{outbox}`` are replaced by the validated, quoted names of a
+:class:`~outboxer.config.TableNames`. Only known placeholders are replaced, so JSON literals like
+``'{}'`` in the SQL are left alone. Values are always passed as query parameters.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from outboxer.config import TableNames
+
+_PLACEHOLDER = re.compile(r"\{(outbox|dead_letters|relays|schema_version|notify_fn|t|channel)\}")
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_MIGRATION = re.compile(r"^(\d{4})_\w+\.sql$")
+
+
+def placeholders(names: TableNames, quote: str = '"') -> dict[str, str]:
+    """The substitutions for one outbox."""
+    return {
+        "outbox": names.qualified(quote=quote),
+        "dead_letters": names.qualified("_dead_letters", quote=quote),
+        "relays": names.qualified("_relays", quote=quote),
+        "schema_version": names.qualified("_schema_version", quote=quote),
+        "notify_fn": names.qualified("_notify", quote=quote),
+        "t": names.table,
+        "channel": names.channel,
+    }
+
+
+def render(sql: str, names: TableNames, quote: str = '"') -> str:
+    """Substitute the table placeholders of ``sql``."""
+    values = placeholders(names, quote)
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], sql)
+
+
+@cache
+def _read(dialect: str, filename: str) -> str:
+    return resources.files("outboxer.stores.sql").joinpath(dialect, filename).read_text()
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def migrations(dialect: str) -> list[Migration]:
+    """The schema migrations of a dialect, in version order."""
+    found = []
+    for entry in resources.files("outboxer.stores.sql").joinpath(dialect).iterdir():
+        match = _MIGRATION.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), entry.name, entry.read_text()))
+    return sorted(found, key=lambda m: m.version)
+
+
+def queries(dialect: str, names: TableNames, quote: str = '"') -> dict[str, str]:
+    """The named queries of ``<dialect>/queries.sql``, rendered for ``names``."""
+    text = _read(dialect, "queries.sql")
+    parts = _NAME.split(text)
+    return {
+        name: render(body.strip(), names, quote)
+        for name, body in zip(parts[1::2], parts[2::2], strict=False)
+    }
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split a migration into statements, keeping ``$$``-quoted bodies whole."""
+    statements, current, in_dollar = [], [], False
+    for line in sql.splitlines():
+        if line.lstrip().startswith("--") and not in_dollar:
+            continue
+        current.append(line)
+        in_dollar ^= line.count("$$") % 2 == 1
+        if not in_dollar and line.rstrip().endswith(";"):
+            statement = "\n".join(current).strip()
+            if statement.strip(";").strip():
+                statements.append(statement)
+            current = []
+    tail = "\n".join(current).strip()
+    if tail:
+        statements.append(tail)
+    return statements

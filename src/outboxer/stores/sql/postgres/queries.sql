@@ -1,0 +1,156 @@
+-- Named queries of the PostgreSQL store. "-- name: x" starts query x.
+
+-- name: insert
+-- The write side, in asyncpg's parameter style; outboxer.outbox re-styles the parameters for
+-- psycopg and SQLAlchemy (hence CAST rather than ::, which SQLAlchemy's text() would misread).
+INSERT INTO {outbox} (id, topic, key, type, payload, content_type, headers, available_at)
+VALUES ($1, $2, $3, $4, $5, $6, CAST($7 AS jsonb), COALESCE(CAST($8 AS timestamptz), now()))
+
+-- name: claim_unordered
+-- One statement claims a whole batch. SKIP LOCKED lets concurrent relays claim disjoint
+-- batches without waiting on each other; the partial index keeps in-flight rows out of the scan.
+WITH candidates AS (
+    SELECT id FROM {outbox}
+    WHERE claim_token IS NULL AND available_at <= now()
+    ORDER BY seq
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {outbox} AS o
+SET claim_token = $2, locked_by = $3, locked_until = now() + make_interval(secs => $4)
+FROM candidates c
+WHERE o.id = c.id
+RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.headers::text,
+          o.created_at, o.available_at, o.attempts
+
+-- name: claim_ordered
+-- Per-key order with any number of relays. A keyed row may be claimed only when every older
+-- row of its key is either gone (published/dead-lettered) or claimed in this same statement;
+-- the relay then publishes a key's run in write order (see Relay._deliver).
+--  1. candidates: the oldest claimable rows whose key has no older row that is leased or waiting
+--     for a retry (two small index probes); a blocked key's followers are skipped, so a failing
+--     message never holds back other keys.
+--  2. SKIP LOCKED: rows another relay is claiming right now are not ours; if that leaves an older
+--     row of a key outside our candidates, the count check drops the whole key from this claim
+--     (conservative: it is simply claimed again later).
+WITH candidates AS MATERIALIZED (
+    SELECT o.id, o.key, o.seq FROM {outbox} o
+    WHERE o.claim_token IS NULL AND o.available_at <= now()
+      AND (o.key IS NULL OR (
+            NOT EXISTS (SELECT 1 FROM {outbox} l
+                        WHERE l.key = o.key AND l.claim_token IS NOT NULL AND l.seq < o.seq)
+        AND NOT EXISTS (SELECT 1 FROM {outbox} w
+                        WHERE w.key = o.key AND w.available_at > now() AND w.seq < o.seq)))
+    ORDER BY o.seq
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), runs AS (
+    SELECT key, count(*) AS n, max(seq) AS last FROM candidates
+    WHERE key IS NOT NULL GROUP BY key
+), whole_runs AS (
+    SELECT r.key FROM runs r
+    WHERE (SELECT count(*) FROM {outbox} k WHERE k.key = r.key AND k.seq <= r.last) = r.n
+)
+UPDATE {outbox} AS o
+SET claim_token = $2, locked_by = $3, locked_until = now() + make_interval(secs => $4)
+FROM candidates c
+WHERE o.id = c.id AND (c.key IS NULL OR c.key IN (SELECT key FROM whole_runs))
+RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.headers::text,
+          o.created_at, o.available_at, o.attempts
+
+-- name: ack
+DELETE FROM {outbox} WHERE id = ANY($1::text[]) AND claim_token = $2
+
+-- name: retry
+UPDATE {outbox} AS o
+SET attempts = o.attempts + 1, last_error = u.reason,
+    available_at = now() + make_interval(secs => u.delay),
+    claim_token = NULL, locked_by = NULL, locked_until = NULL
+FROM unnest($1::text[], $2::float8[], $3::text[]) AS u(id, delay, reason)
+WHERE o.id = u.id AND o.claim_token = $4
+
+-- name: release
+UPDATE {outbox}
+SET claim_token = NULL, locked_by = NULL, locked_until = NULL
+WHERE id = ANY($1::text[]) AND claim_token = $2
+
+-- name: dead_letter
+-- Moves rows in one statement: the DELETE and the INSERT commit or fail together.
+WITH failed AS (
+    SELECT * FROM unnest($1::text[], $2::text[]) AS f(id, reason)
+), moved AS (
+    DELETE FROM {outbox} AS o USING failed f
+    WHERE o.id = f.id AND o.claim_token = $3
+    RETURNING o.*, f.reason
+)
+INSERT INTO {dead_letters} (id, topic, key, type, payload, content_type, headers, created_at,
+                            failure_reason, attempts, direction)
+SELECT id, topic, key, type, payload, content_type, headers, created_at, reason, attempts + 1,
+       'publish'
+FROM moved
+
+-- name: release_expired
+UPDATE {outbox}
+SET claim_token = NULL, locked_by = NULL, locked_until = NULL,
+    last_error = 'lease of relay ' || locked_by || ' expired'
+WHERE claim_token IS NOT NULL AND locked_until < now()
+
+-- name: heartbeat
+INSERT INTO {relays} (relay_id, hostname, pid, started_at, heartbeat_at)
+VALUES ($1, $2, $3, $4, now())
+ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = now()
+
+-- name: unregister
+DELETE FROM {relays} WHERE relay_id = $1
+
+-- name: stats
+SELECT
+    (SELECT count(*) FROM {outbox} WHERE claim_token IS NULL) AS pending,
+    (SELECT count(*) FROM {outbox} WHERE claim_token IS NOT NULL) AS in_flight,
+    (SELECT count(*) FROM {dead_letters}) AS dead_letters,
+    (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM {outbox}) AS oldest_age
+
+-- name: live_relays
+-- A relay is live while its heartbeat is younger than $1 seconds; dead ones are pruned here.
+SELECT r.relay_id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
+       (SELECT count(*) FROM {outbox} o
+        WHERE o.locked_by = r.relay_id AND o.claim_token IS NOT NULL) AS in_flight
+FROM {relays} r
+WHERE r.heartbeat_at > now() - make_interval(secs => $1)
+ORDER BY r.started_at
+
+-- name: list_dead_letters
+SELECT dl_seq, id, topic, key, type, payload, content_type, headers::text, created_at,
+       dead_lettered_at, failure_reason, attempts, direction
+FROM {dead_letters}
+WHERE ($1::text IS NULL OR topic = $1)
+  AND ($2::text IS NULL OR type = $2)
+  AND ($3::text IS NULL OR key = $3)
+  AND ($4::text[] IS NULL OR id = ANY($4))
+  AND ($5::bigint IS NULL OR dl_seq < $5)
+ORDER BY dl_seq DESC
+LIMIT $6
+
+-- name: replay_dead_letters
+-- Back to the outbox with the same id (consumers can still dedupe) and attempts reset.
+WITH moved AS (
+    DELETE FROM {dead_letters}
+    WHERE ($1::text IS NULL OR topic = $1)
+      AND ($2::text IS NULL OR type = $2)
+      AND ($3::text IS NULL OR key = $3)
+      AND ($4::text[] IS NULL OR id = ANY($4))
+      AND direction = 'publish'
+    RETURNING *
+)
+INSERT INTO {outbox} (id, topic, key, type, payload, content_type, headers, created_at)
+SELECT id, topic, key, type, payload, content_type, headers, created_at
+FROM moved ORDER BY dl_seq
+RETURNING id
+
+-- name: purge_dead_letters
+DELETE FROM {dead_letters}
+WHERE ($1::text IS NULL OR topic = $1)
+  AND ($2::text IS NULL OR type = $2)
+  AND ($3::text IS NULL OR key = $3)
+  AND ($4::text[] IS NULL OR id = ANY($4))
+RETURNING id

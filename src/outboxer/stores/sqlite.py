@@ -1,0 +1,365 @@
+"""SQLite store, the embedded default (aiosqlite, WAL mode).
+
+SQLite admits one writer at a time, so a claim is a ``BEGIN IMMEDIATE`` transaction: relays in
+several processes serialize on the database lock instead of skipping each other's rows, and
+leased rows are excluded by their claim token exactly as on PostgreSQL. There is no NOTIFY: the
+relay polls (adaptively) for work committed by other processes.
+
+Ownership: the store opens and closes its own connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from outboxer.config import TableNames
+from outboxer.errors import ConfigurationError, NotFound, SchemaError, StoreUnavailable
+from outboxer.ports import (
+    Claim,
+    DeadLetter,
+    DeadLetterFilter,
+    DeadLetterPage,
+    OutboxStats,
+    RelayInfo,
+    Settlement,
+)
+from outboxer.stores import _sql
+from outboxer.stores._common import (
+    check_limit,
+    dead_letter_from_row,
+    message_from_row,
+    parse_cursor,
+    to_datetime,
+)
+
+__all__ = ["SqliteStore", "path_from_url"]
+
+T = TypeVar("T")
+
+
+def path_from_url(url: str) -> str:
+    """``sqlite:///relative.db``, ``sqlite:////abs/path.db`` or ``sqlite:///:memory:``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.split("+")[0] != "sqlite" or not rest.startswith("/"):
+        raise ConfigurationError(f"not a SQLite URL (sqlite:///path.db): {url}")
+    path = rest[1:]
+    if not path:
+        raise ConfigurationError(f"SQLite URL has no path: {url}")
+    return path
+
+
+class SqliteStore:
+    """The outbox in a SQLite database file.
+
+    Args:
+        path_or_url: A file path or ``sqlite:///path.db``.
+        names: Table names (SQLite has no schemas: ``names.schema`` must be ``None``).
+    """
+
+    dialect = "sqlite"
+
+    def __init__(self, path_or_url: str | Path, names: TableNames | None = None) -> None:
+        self.names = names or TableNames()
+        if self.names.schema is not None:
+            raise ConfigurationError("SQLite has no schemas: leave the schema name unset")
+        raw = str(path_or_url)
+        self.path = path_from_url(raw) if "://" in raw else raw
+        q = _sql.queries("sqlite", self.names)
+        where = q.pop("dead_letter_where")
+        self._q = {name: sql.replace("{where}", where) for name, sql in q.items()}
+        self._conn: aiosqlite.Connection | None = None
+        self._lock = asyncio.Lock()  # one transaction at a time on the shared connection
+        self._doorbell = asyncio.Event()
+
+    async def __aenter__(self) -> SqliteStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        if self._conn is not None:
+            return
+        if self.path != ":memory:" and not Path(self.path).parent.exists():
+            raise ConfigurationError(f"SQLite: directory of {self.path} does not exist")
+        try:
+            conn = await aiosqlite.connect(self.path, isolation_level=None, timeout=30)
+            conn.row_factory = sqlite3.Row
+            await conn.execute("PRAGMA busy_timeout = 30000")
+            await conn.execute("PRAGMA journal_mode = WAL")
+            await conn.execute("PRAGMA synchronous = NORMAL")
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open SQLite database {self.path}: {exc}") from exc
+        self._conn = conn
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    async def _run(self, operation: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
+        if self._conn is None:
+            raise RuntimeError("SqliteStore is not open (use 'async with store:')")
+        async with self._lock:
+            try:
+                return await operation(self._conn)
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    raise SchemaError(
+                        f"outbox table {self.names.table} is missing: run 'outboxer db upgrade'"
+                    ) from exc
+                raise StoreUnavailable(f"SQLite: {exc}") from exc
+
+    async def _transaction(self, conn: aiosqlite.Connection, work: Callable[[], Awaitable[T]]) -> T:
+        await conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = await work()
+        except BaseException:
+            await conn.execute("ROLLBACK")
+            raise
+        await conn.execute("COMMIT")
+        return result
+
+    # -- schema --------------------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        async def upgrade(conn: aiosqlite.Connection) -> list[int]:
+            table = _sql.render("{schema_version}", self.names)
+
+            async def work() -> list[int]:
+                await conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {table} (version INTEGER PRIMARY KEY, "
+                    "applied_at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0))"
+                )
+                async with conn.execute(f"SELECT max(version) FROM {table}") as cur:
+                    row = await cur.fetchone()
+                current = (row[0] if row else 0) or 0
+                applied = []
+                for migration in _sql.migrations("sqlite"):
+                    if migration.version <= current:
+                        continue
+                    for statement in _sql.split_statements(migration.sql):
+                        await conn.execute(_sql.render(statement, self.names))
+                    await conn.execute(
+                        f"INSERT INTO {table} (version) VALUES (?)", (migration.version,)
+                    )
+                    applied.append(migration.version)
+                return applied
+
+            return await self._transaction(conn, work)
+
+        return await self._run(upgrade)
+
+    async def schema_version(self) -> int:
+        async def read(conn: aiosqlite.Connection) -> int:
+            table = f"{self.names.table}_schema_version"
+            async with conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+            ) as cur:
+                if await cur.fetchone() is None:
+                    return 0
+            async with conn.execute(f'SELECT max(version) FROM "{table}"') as cur:
+                row = await cur.fetchone()
+            return int(row[0] or 0) if row else 0
+
+        return await self._run(read)
+
+    async def check_schema(self) -> None:
+        latest = _sql.migrations("sqlite")[-1].version
+        current = await self.schema_version()
+        if current == 0:
+            raise SchemaError(
+                f"outbox table {self.names.table} is missing in {self.path}: "
+                "run 'outboxer db upgrade'"
+            )
+        if current != latest:
+            raise SchemaError(
+                f"outbox schema is at version {current}, this outboxer expects {latest}: "
+                "run 'outboxer db upgrade'"
+            )
+
+    # -- relay ---------------------------------------------------------------------------------
+
+    async def claim_batch(
+        self, *, limit: int, lease_seconds: float, ordered: bool, relay_id: str
+    ) -> Claim:
+        token = int.from_bytes(os.urandom(8), "big") >> 1
+        params = {"token": token, "relay": relay_id, "lease": lease_seconds, "limit": limit}
+        query = self._q["claim_ordered" if ordered else "claim_unordered"]
+
+        async def claim(conn: aiosqlite.Connection) -> list[sqlite3.Row]:
+            async def work() -> list[sqlite3.Row]:
+                async with conn.execute(query, params) as cur:
+                    return list(await cur.fetchall())
+
+            return await self._transaction(conn, work)
+
+        rows = await self._run(claim)
+        rows.sort(key=lambda r: r["seq"])
+        return Claim(token=token, messages=[message_from_row(r) for r in rows])
+
+    async def settle(self, claim: Claim, settlement: Settlement) -> None:
+        token = claim.token
+        steps: list[tuple[str, dict[str, Any]]] = []
+        if settlement.published:
+            steps.append(("ack", {"ids": json.dumps(settlement.published), "token": token}))
+        if settlement.retries:
+            items = [[r.id, r.delay, r.reason] for r in settlement.retries]
+            steps.append(("retry", {"items": json.dumps(items), "token": token}))
+        if settlement.dead:
+            items_json = json.dumps([list(d) for d in settlement.dead])
+            steps.append(("dead_letter_copy", {"items": items_json, "token": token}))
+            steps.append(("dead_letter_delete", {"items": items_json, "token": token}))
+        if settlement.released:
+            steps.append(("release", {"ids": json.dumps(settlement.released), "token": token}))
+        if not steps:
+            return
+
+        async def apply(conn: aiosqlite.Connection) -> None:
+            async def work() -> None:
+                for name, params in steps:
+                    await conn.execute(self._q[name], params)
+
+            await self._transaction(conn, work)
+
+        await self._run(apply)
+
+    async def release_expired_leases(self) -> int:
+        async def release(conn: aiosqlite.Connection) -> int:
+            cur = await conn.execute(self._q["release_expired"])
+            return cur.rowcount
+
+        return await self._run(release)
+
+    async def wait_for_messages(self, timeout: float) -> None:
+        # No cross-process notification in SQLite: the relay's adaptive polling does the work.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._doorbell.wait(), timeout)
+        self._doorbell.clear()
+
+    async def heartbeat(self, relay: RelayInfo) -> None:
+        params = {
+            "relay_id": relay.relay_id,
+            "hostname": relay.hostname,
+            "pid": relay.pid,
+            "started_at": relay.started_at.timestamp(),
+        }
+
+        async def beat(conn: aiosqlite.Connection) -> None:
+            await conn.execute(self._q["heartbeat"], params)
+
+        await self._run(beat)
+
+    async def unregister(self, relay_id: str) -> None:
+        async def remove(conn: aiosqlite.Connection) -> None:
+            await conn.execute(self._q["unregister"], {"relay_id": relay_id})
+
+        await self._run(remove)
+
+    # -- operators -----------------------------------------------------------------------------
+
+    async def stats(self, *, live_seconds: float = 15.0) -> OutboxStats:
+        async def read(conn: aiosqlite.Connection) -> OutboxStats:
+            async with conn.execute(self._q["stats"]) as cur:
+                row = await cur.fetchone()
+            async with conn.execute(self._q["live_relays"], {"live": live_seconds}) as cur:
+                relays = await cur.fetchall()
+            assert row is not None
+            return OutboxStats(
+                pending=row["pending"],
+                in_flight=row["in_flight"],
+                dead_letters=row["dead_letters"],
+                oldest_pending_age_seconds=row["oldest_age"],
+                relays=[
+                    RelayInfo(
+                        relay_id=r["relay_id"],
+                        hostname=r["hostname"],
+                        pid=r["pid"],
+                        started_at=to_datetime(r["started_at"]),
+                        heartbeat_at=to_datetime(r["heartbeat_at"]),
+                        in_flight=r["in_flight"],
+                    )
+                    for r in relays
+                ],
+            )
+
+        return await self._run(read)
+
+    @staticmethod
+    def _filter_params(flt: DeadLetterFilter) -> dict[str, Any]:
+        return {
+            "topic": flt.topic,
+            "type": flt.type,
+            "key": flt.key,
+            "ids": json.dumps(list(flt.ids)) if flt.ids is not None else None,
+        }
+
+    async def list_dead_letters(
+        self, flt: DeadLetterFilter, *, limit: int, cursor: str | None
+    ) -> DeadLetterPage:
+        limit = check_limit(limit)
+        params = {**self._filter_params(flt), "after": parse_cursor(cursor), "limit": limit + 1}
+
+        async def read(conn: aiosqlite.Connection) -> list[sqlite3.Row]:
+            async with conn.execute(self._q["list_dead_letters"], params) as cur:
+                return list(await cur.fetchall())
+
+        rows = await self._run(read)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        next_cursor = str(rows[-1]["dl_seq"]) if more else None
+        return DeadLetterPage([dead_letter_from_row(r) for r in rows], next_cursor)
+
+    async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter:
+        page = await self.list_dead_letters(
+            DeadLetterFilter(ids=[dead_letter_id]), limit=1, cursor=None
+        )
+        if not page.items:
+            raise NotFound(f"no dead letter with id {dead_letter_id!r}")
+        return page.items[0]
+
+    async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
+        params = self._filter_params(flt)
+
+        async def replay(conn: aiosqlite.Connection) -> list[str]:
+            async def work() -> list[str]:
+                async with conn.execute(self._q["replay_copy"], params) as cur:
+                    ids = [r["id"] for r in await cur.fetchall()]
+                await conn.execute(self._q["replay_delete"], {"replayed": json.dumps(ids)})
+                return ids
+
+            return await self._transaction(conn, work)
+
+        return await self._run(replay)
+
+    async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
+        params = self._filter_params(flt)
+
+        async def purge(conn: aiosqlite.Connection) -> list[str]:
+            async def work() -> list[str]:
+                async with conn.execute(self._q["purge_dead_letters"], params) as cur:
+                    return [r["id"] for r in await cur.fetchall()]
+
+            return await self._transaction(conn, work)
+
+        return await self._run(purge)
+
+    async def execute(self, sql: str, *args: Any) -> Sequence[sqlite3.Row]:
+        """Run SQL with the outbox placeholders rendered (tests and benchmarks)."""
+
+        async def run(conn: aiosqlite.Connection) -> list[sqlite3.Row]:
+            async with conn.execute(_sql.render(sql, self.names), args) as cur:
+                rows = list(await cur.fetchall())
+            return rows
+
+        return await self._run(run)

@@ -1,0 +1,89 @@
+"""Shared fixtures: real services, one fresh schema/file/topic per test.
+
+A missing service fails the test that needs it with the command that starts it; nothing is
+skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from outboxer.config import TableNames
+from outboxer.stores.postgres import PostgresStore
+from outboxer.stores.sqlite import SqliteStore
+
+PG_URL = os.environ.get("OUTBOXER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+START = {
+    "PostgreSQL": "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
+    "Redis": 'redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no',
+    "RabbitMQ": "rabbitmq-server -detached",
+    "NATS": "nats-server -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server &",
+}
+
+
+def require_service(name: str, host: str, port: int) -> None:
+    """Fail (never skip) with a readable message when a service is not listening."""
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return
+    except OSError as exc:
+        pytest.fail(
+            f"{name} is not reachable at {host}:{port} ({exc}). Start it with: {START[name]}",
+            pytrace=False,
+        )
+
+
+def unique_name(prefix: str = "t") -> str:
+    """A short identifier unique to this test run and worker."""
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def pg_url() -> str:
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    return PG_URL
+
+
+@pytest.fixture
+async def pg_schema(pg_url: str) -> AsyncIterator[str]:
+    """A fresh PostgreSQL schema for this test, dropped afterwards."""
+    schema = unique_name("ob")
+    yield schema
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def pg_store(pg_url: str, pg_schema: str) -> AsyncIterator[PostgresStore]:
+    """A migrated PostgreSQL store in its own schema."""
+    async with PostgresStore(pg_url, TableNames(schema=pg_schema)) as store:
+        await store.migrate()
+        yield store
+
+
+@pytest.fixture
+def sqlite_path(tmp_path: Path) -> Path:
+    return tmp_path / "outbox.db"
+
+
+@pytest.fixture
+async def sqlite_store(sqlite_path: Path) -> AsyncIterator[SqliteStore]:
+    async with SqliteStore(sqlite_path) as store:
+        await store.migrate()
+        yield store
+
+
+@pytest.fixture
+def topic() -> Iterator[str]:
+    return unique_name("topic").replace("_", "-")
