@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -45,7 +45,7 @@ __all__ = ["PostgresStore"]
 log = logging.getLogger("outboxer.store.postgres")
 T = TypeVar("T")
 #: What operations receive: a connection borrowed from the pool.
-Conn = PoolConnectionProxy[asyncpg.Record]
+Conn: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 
 #: Connection problems that mean "the database is not reachable right now".
 _UNAVAILABLE = (
