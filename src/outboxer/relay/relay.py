@@ -61,7 +61,8 @@ class RelayCounters:
 
 
 def _reason(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}"
+    # A PublishError's text is written for operators; anything else gets its type name.
+    text = str(error) if isinstance(error, PublishError) else f"{type(error).__name__}: {error}"
     return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 1] + "…"
 
 

@@ -1,0 +1,42 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both set up .venv themselves.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint unit soak bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# Reinstall whenever the dependencies change.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/outboxer demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+# The whole suite against the real services (PostgreSQL, RabbitMQ, NATS, Redis on this machine;
+# the Kafka-protocol broker Tansu is started by the tests). Long soaks are `make soak`.
+test: lint
+	$(BIN)/python -m pytest -n 2 -m "not soak" -p no:cacheprovider
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
+soak: $(STAMP)
+	$(BIN)/python -m pytest -m soak -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

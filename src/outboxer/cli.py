@@ -1,0 +1,469 @@
+"""The ``outboxer`` command.
+
+This is the composition point: it reads options and ``OUTBOXER_*`` environment variables, builds
+the store and publisher from their URLs and hands them to the relay. Every failure the user can
+cause ends in one readable line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from outboxer.config import Backoff, RelaySettings, TableNames
+from outboxer.errors import ConfigurationError, NotFound, OutboxerError
+from outboxer.ports import DeadLetter, DeadLetterFilter, Store
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+def _fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
+    click.echo(f"outboxer: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine, turning outboxer errors into one line and an exit code."""
+    try:
+        return asyncio.run(coro)
+    except ConfigurationError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    except NotFound as exc:
+        _fail(str(exc))
+    except OutboxerError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+
+
+def _names(schema: str | None, table: str) -> TableNames:
+    try:
+        return TableNames(table=table, schema=schema)
+    except ConfigurationError as exc:
+        _fail(str(exc), EXIT_USAGE)
+
+
+def database_options(function: F) -> F:
+    """``--database-url``, ``--schema``, ``--table``, shared by every command that needs a DB."""
+    options = [
+        click.option(
+            "--database-url",
+            envvar="OUTBOXER_DATABASE_URL",
+            show_envvar=True,
+            required=True,
+            help="postgresql://user@host/db or sqlite:///path.db",
+        ),
+        click.option(
+            "--schema",
+            envvar="OUTBOXER_SCHEMA",
+            show_envvar=True,
+            default=None,
+            help="Schema of the outbox tables (PostgreSQL). Default: the connection's.",
+        ),
+        click.option(
+            "--table",
+            envvar="OUTBOXER_TABLE",
+            show_envvar=True,
+            default="outbox",
+            show_default=True,
+            help="Outbox table name; the other tables are named after it.",
+        ),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def json_option(function: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(function)
+
+
+@contextlib.asynccontextmanager
+async def _open_store(url: str, names: TableNames, *, check: bool = True) -> Any:
+    from outboxer.stores import store_from_url
+
+    store = store_from_url(url, names)
+    async with store:
+        if check:
+            await store.check_schema()
+        yield store
+
+
+def _with_store(
+    action: Callable[[Store], Awaitable[T]], url: str, names: TableNames
+) -> T:
+    async def main() -> T:
+        async with _open_store(url, names) as store:
+            return await action(store)
+
+    return _run(main())
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="outboxer")
+@click.option(
+    "--log-level",
+    envvar="OUTBOXER_LOG_LEVEL",
+    show_envvar=True,
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+def main(log_level: str) -> None:
+    """outboxer: a transactional outbox. Every option can also be set by the OUTBOXER_*
+    environment variable shown beside it."""
+    logging.basicConfig(
+        level=log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+# -- db ----------------------------------------------------------------------------------------
+
+
+@main.group()
+def db() -> None:
+    """Schema management."""
+
+
+@db.command("upgrade")
+@database_options
+def db_upgrade(database_url: str, schema: str | None, table: str) -> None:
+    """Create or migrate the outbox schema (idempotent)."""
+    names = _names(schema, table)
+
+    async def upgrade() -> list[int]:
+        async with _open_store(database_url, names, check=False) as store:
+            applied: list[int] = await store.migrate()
+            return applied
+
+    applied = _run(upgrade())
+    if applied:
+        click.echo(f"outbox schema upgraded to version {applied[-1]} (applied {applied})")
+    else:
+        click.echo("outbox schema is up to date")
+
+
+# -- relay -------------------------------------------------------------------------------------
+
+
+@main.command()
+@database_options
+@click.option(
+    "--broker",
+    envvar="OUTBOXER_BROKER",
+    show_envvar=True,
+    required=True,
+    help="kafka://…, amqp://…, nats://…, redis://…, http(s)://… or inprocess://module:registry",
+)
+@click.option("--unordered", envvar="OUTBOXER_UNORDERED", show_envvar=True, is_flag=True,
+              help="Give up per-key ordering for throughput.")
+@click.option("--batch-size", envvar="OUTBOXER_BATCH_SIZE", show_envvar=True, default=500,
+              show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--window", envvar="OUTBOXER_WINDOW", show_envvar=True, default=4,
+              show_default=True, type=click.IntRange(1, 64),
+              help="Batches published at once (duplicates after a crash ≤ window × batch size).")
+@click.option("--max-attempts", envvar="OUTBOXER_MAX_ATTEMPTS", show_envvar=True, default=3,
+              show_default=True, type=click.IntRange(1, 1000))
+@click.option("--lease-seconds", envvar="OUTBOXER_LEASE_SECONDS", show_envvar=True, default=30.0,
+              show_default=True, type=click.FloatRange(1, 3600))
+@click.option("--retry-base", envvar="OUTBOXER_RETRY_BASE", show_envvar=True, default=1.0,
+              show_default=True, type=click.FloatRange(0.001, 3600),
+              help="First per-message retry delay (s); doubles per attempt.")
+@click.option("--retry-cap", envvar="OUTBOXER_RETRY_CAP", show_envvar=True, default=300.0,
+              show_default=True, type=click.FloatRange(0.001, 86400))
+@click.option("--outage-base", envvar="OUTBOXER_OUTAGE_BASE", show_envvar=True, default=5.0,
+              show_default=True, type=click.FloatRange(0.001, 3600),
+              help="First pause (s) when the broker is down; doubles per failed round.")
+@click.option("--outage-cap", envvar="OUTBOXER_OUTAGE_CAP", show_envvar=True, default=60.0,
+              show_default=True, type=click.FloatRange(0.001, 3600))
+@click.option("--poll-interval", envvar="OUTBOXER_POLL_INTERVAL", show_envvar=True, default=1.0,
+              show_default=True, type=click.FloatRange(0.01, 60),
+              help="Longest idle wait between claims without a notification (s).")
+@click.option("--shutdown-timeout", envvar="OUTBOXER_SHUTDOWN_TIMEOUT", show_envvar=True,
+              default=30.0, show_default=True, type=click.FloatRange(0, 3600))
+@click.option("--relay-id", envvar="OUTBOXER_RELAY_ID", show_envvar=True, default=None,
+              help="Instance name (default host:pid:random).")
+def relay(
+    database_url: str,
+    schema: str | None,
+    table: str,
+    broker: str,
+    unordered: bool,
+    batch_size: int,
+    window: int,
+    max_attempts: int,
+    lease_seconds: float,
+    retry_base: float,
+    retry_cap: float,
+    outage_base: float,
+    outage_cap: float,
+    poll_interval: float,
+    shutdown_timeout: float,
+    relay_id: str | None,
+) -> None:
+    """Publish outbox messages to the broker until SIGTERM/SIGINT (graceful: nothing lost)."""
+    try:
+        settings = RelaySettings(
+            batch_size=batch_size,
+            max_in_flight_batches=window,
+            ordered=not unordered,
+            max_attempts=max_attempts,
+            lease_seconds=lease_seconds,
+            retry=Backoff(base=retry_base, cap=max(retry_cap, retry_base)),
+            outage=Backoff(base=outage_base, cap=max(outage_cap, outage_base)),
+            poll_interval=poll_interval,
+            min_poll_interval=min(0.05, poll_interval),
+            heartbeat_interval=min(5.0, lease_seconds / 3),
+            shutdown_timeout=shutdown_timeout,
+            relay_id=relay_id,
+        )
+    except ConfigurationError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    _run(_relay(database_url, _names(schema, table), broker, settings))
+
+
+async def _relay(url: str, names: TableNames, broker: str, settings: RelaySettings) -> None:
+    from outboxer.publishers import publisher_from_url
+    from outboxer.relay import Relay
+
+    publisher = publisher_from_url(broker)
+    async with _open_store(url, names) as store, publisher:
+        relay = Relay(store, publisher, settings)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, relay.stop)
+        await relay.run()
+
+
+# -- stats -------------------------------------------------------------------------------------
+
+
+@main.command()
+@database_options
+@json_option
+def stats(database_url: str, schema: str | None, table: str, as_json: bool) -> None:
+    """Pending, in flight, dead letters, oldest pending age, live relays."""
+
+    async def read(store: Store) -> dict[str, Any]:
+        result: dict[str, Any] = (await store.stats()).to_json()
+        return result
+
+    figures = _with_store(read, database_url, _names(schema, table))
+    if as_json:
+        click.echo(json.dumps(figures, indent=2))
+        return
+    age = figures["oldest_pending_age_seconds"]
+    click.echo(f"pending             {figures['pending']}")
+    click.echo(f"in flight           {figures['in_flight']}")
+    click.echo(f"dead letters        {figures['dead_letters']}")
+    click.echo(f"oldest pending age  {'-' if age is None else f'{age:.1f}s'}")
+    click.echo(f"live relays         {len(figures['relays'])}")
+    for r in figures["relays"]:
+        click.echo(f"  {r['relay_id']}  in flight {r['in_flight']}  heartbeat {r['heartbeat_at']}")
+    sweep = figures["last_sweep"]
+    click.echo(f"last sweep          {'-' if sweep is None else json.dumps(sweep)}")
+
+
+# -- dlq ---------------------------------------------------------------------------------------
+
+
+@main.group()
+def dlq() -> None:
+    """Inspect, replay and purge dead letters."""
+
+
+def filter_options(function: F) -> F:
+    for option in reversed(
+        [
+            click.option("--topic", default=None, help="Only this topic."),
+            click.option("--type", "type_", default=None, help="Only this message type."),
+            click.option("--key", default=None, help="Only this key."),
+        ]
+    ):
+        function = option(function)
+    return function
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _print_dead_letters(items: list[DeadLetter]) -> None:
+    header = f"{'ID':36}  {'TOPIC':16} {'TYPE':18} {'KEY':12} {'ATT':>3}  REASON"
+    click.echo(header)
+    for d in items:
+        click.echo(
+            f"{d.id:36}  {_short(d.topic, 16):16} {_short(d.type or '-', 18):18} "
+            f"{_short(d.key or '-', 12):12} {d.attempts:>3}  {_short(d.failure_reason, 60)}"
+        )
+
+
+@dlq.command("list")
+@database_options
+@filter_options
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--cursor", default=None, help="next_cursor of the previous page.")
+@json_option
+def dlq_list(
+    database_url: str,
+    schema: str | None,
+    table: str,
+    topic: str | None,
+    type_: str | None,
+    key: str | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """List dead letters, newest first."""
+    flt = DeadLetterFilter(topic=topic, type=type_, key=key)
+
+    async def read(store: Store) -> Any:
+        return await store.list_dead_letters(flt, limit=limit, cursor=cursor)
+
+    page = _with_store(read, database_url, _names(schema, table))
+    if as_json:
+        body = {"items": [d.to_json() for d in page.items], "next_cursor": page.next_cursor}
+        click.echo(json.dumps(body, indent=2))
+        return
+    _print_dead_letters(list(page.items))
+    if page.next_cursor:
+        click.echo(f"more: --cursor {page.next_cursor}")
+
+
+@dlq.command("show")
+@database_options
+@click.argument("dead_letter_id")
+@json_option
+def dlq_show(
+    database_url: str, schema: str | None, table: str, dead_letter_id: str, as_json: bool
+) -> None:
+    """One dead letter with payload, reason and attempts."""
+
+    async def read(store: Store) -> DeadLetter:
+        return await store.get_dead_letter(dead_letter_id)
+
+    body = _with_store(read, database_url, _names(schema, table)).to_json()
+    if as_json:
+        click.echo(json.dumps(body, indent=2))
+        return
+    for name, value in body.items():
+        shown = json.dumps(value) if isinstance(value, dict | list) else value
+        click.echo(f"{name:17} {shown}")
+
+
+def _bulk_filter(
+    ids: tuple[str, ...], all_: bool, topic: str | None, type_: str | None, key: str | None
+) -> DeadLetterFilter:
+    chosen = bool(ids) + all_ + any(v is not None for v in (topic, type_, key))
+    if chosen != 1:
+        _fail("give dead-letter IDs, or --all, or a filter (--topic/--type/--key)", EXIT_USAGE)
+    return DeadLetterFilter(topic=topic, type=type_, key=key, ids=list(ids) if ids else None)
+
+
+def _bulk(
+    verb: str,
+    action: Callable[[Store, DeadLetterFilter], Awaitable[list[str]]],
+    database_url: str,
+    names: TableNames,
+    flt: DeadLetterFilter,
+    as_json: bool,
+) -> None:
+    async def run(store: Store) -> list[str]:
+        return await action(store, flt)
+
+    done = _with_store(run, database_url, names)
+    missing = sorted(set(flt.ids or ()) - set(done))
+    if as_json:
+        click.echo(json.dumps({verb: done, "count": len(done), "not_found": missing}, indent=2))
+    else:
+        click.echo(f"{verb} {len(done)} dead letter(s)")
+        for i in done:
+            click.echo(f"  {i}")
+    if missing:
+        _fail(f"no dead letter with id {', '.join(missing)}")
+
+
+@dlq.command("replay")
+@database_options
+@click.argument("ids", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every dead letter.")
+@filter_options
+@json_option
+def dlq_replay(
+    database_url: str,
+    schema: str | None,
+    table: str,
+    ids: tuple[str, ...],
+    all_: bool,
+    topic: str | None,
+    type_: str | None,
+    key: str | None,
+    as_json: bool,
+) -> None:
+    """Move dead letters back to the outbox (same id, attempts reset)."""
+    flt = _bulk_filter(ids, all_, topic, type_, key)
+    names = _names(schema, table)
+    _bulk("replayed", lambda s, f: s.replay_dead_letters(f), database_url, names, flt, as_json)
+
+
+@dlq.command("purge")
+@database_options
+@click.argument("ids", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every dead letter.")
+@filter_options
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+def dlq_purge(
+    database_url: str,
+    schema: str | None,
+    table: str,
+    ids: tuple[str, ...],
+    all_: bool,
+    topic: str | None,
+    type_: str | None,
+    key: str | None,
+    yes: bool,
+    as_json: bool,
+) -> None:
+    """Delete dead letters for good."""
+    flt = _bulk_filter(ids, all_, topic, type_, key)
+    if not yes and not click.confirm("Delete the matching dead letters for good?", err=True):
+        _fail("nothing deleted")
+    names = _names(schema, table)
+    _bulk("purged", lambda s, f: s.purge_dead_letters(f), database_url, names, flt, as_json)
+
+
+# -- demo --------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--database", "database", default=None, type=click.Path(dir_okay=False),
+              help="SQLite file to use (default: a fresh temporary file).")
+def demo(database: str | None) -> None:
+    """The order pipeline and welcome e-mails on SQLite with in-process handlers."""
+    from outboxer import demo as demo_module
+
+    logging.getLogger("outboxer").setLevel(logging.WARNING)  # the demo narrates itself
+    _run(demo_module.run(database))
+
+
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
