@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import signal
@@ -102,9 +101,7 @@ async def _open_store(url: str, names: TableNames, *, check: bool = True) -> Any
         yield store
 
 
-def _with_store(
-    action: Callable[[Store], Awaitable[T]], url: str, names: TableNames
-) -> T:
+def _with_store(action: Callable[[Store], Awaitable[T]], url: str, names: TableNames) -> T:
     async def main() -> T:
         async with _open_store(url, names) as store:
             return await action(store)
@@ -170,34 +167,104 @@ def db_upgrade(database_url: str, schema: str | None, table: str) -> None:
     required=True,
     help="kafka://…, amqp://…, nats://…, redis://…, http(s)://… or inprocess://module:registry",
 )
-@click.option("--unordered", envvar="OUTBOXER_UNORDERED", show_envvar=True, is_flag=True,
-              help="Give up per-key ordering for throughput.")
-@click.option("--batch-size", envvar="OUTBOXER_BATCH_SIZE", show_envvar=True, default=500,
-              show_default=True, type=click.IntRange(1, 10_000))
-@click.option("--window", envvar="OUTBOXER_WINDOW", show_envvar=True, default=4,
-              show_default=True, type=click.IntRange(1, 64),
-              help="Batches published at once (duplicates after a crash ≤ window × batch size).")
-@click.option("--max-attempts", envvar="OUTBOXER_MAX_ATTEMPTS", show_envvar=True, default=3,
-              show_default=True, type=click.IntRange(1, 1000))
-@click.option("--lease-seconds", envvar="OUTBOXER_LEASE_SECONDS", show_envvar=True, default=30.0,
-              show_default=True, type=click.FloatRange(1, 3600))
-@click.option("--retry-base", envvar="OUTBOXER_RETRY_BASE", show_envvar=True, default=1.0,
-              show_default=True, type=click.FloatRange(0.001, 3600),
-              help="First per-message retry delay (s); doubles per attempt.")
-@click.option("--retry-cap", envvar="OUTBOXER_RETRY_CAP", show_envvar=True, default=300.0,
-              show_default=True, type=click.FloatRange(0.001, 86400))
-@click.option("--outage-base", envvar="OUTBOXER_OUTAGE_BASE", show_envvar=True, default=5.0,
-              show_default=True, type=click.FloatRange(0.001, 3600),
-              help="First pause (s) when the broker is down; doubles per failed round.")
-@click.option("--outage-cap", envvar="OUTBOXER_OUTAGE_CAP", show_envvar=True, default=60.0,
-              show_default=True, type=click.FloatRange(0.001, 3600))
-@click.option("--poll-interval", envvar="OUTBOXER_POLL_INTERVAL", show_envvar=True, default=1.0,
-              show_default=True, type=click.FloatRange(0.01, 60),
-              help="Longest idle wait between claims without a notification (s).")
-@click.option("--shutdown-timeout", envvar="OUTBOXER_SHUTDOWN_TIMEOUT", show_envvar=True,
-              default=30.0, show_default=True, type=click.FloatRange(0, 3600))
-@click.option("--relay-id", envvar="OUTBOXER_RELAY_ID", show_envvar=True, default=None,
-              help="Instance name (default host:pid:random).")
+@click.option(
+    "--unordered",
+    envvar="OUTBOXER_UNORDERED",
+    show_envvar=True,
+    is_flag=True,
+    help="Give up per-key ordering for throughput.",
+)
+@click.option(
+    "--batch-size",
+    envvar="OUTBOXER_BATCH_SIZE",
+    show_envvar=True,
+    default=500,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+)
+@click.option(
+    "--window",
+    envvar="OUTBOXER_WINDOW",
+    show_envvar=True,
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Batches published at once (duplicates after a crash ≤ window × batch size).",
+)
+@click.option(
+    "--max-attempts",
+    envvar="OUTBOXER_MAX_ATTEMPTS",
+    show_envvar=True,
+    default=3,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+)
+@click.option(
+    "--lease-seconds",
+    envvar="OUTBOXER_LEASE_SECONDS",
+    show_envvar=True,
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(1, 3600),
+)
+@click.option(
+    "--retry-base",
+    envvar="OUTBOXER_RETRY_BASE",
+    show_envvar=True,
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0.001, 3600),
+    help="First per-message retry delay (s); doubles per attempt.",
+)
+@click.option(
+    "--retry-cap",
+    envvar="OUTBOXER_RETRY_CAP",
+    show_envvar=True,
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(0.001, 86400),
+)
+@click.option(
+    "--outage-base",
+    envvar="OUTBOXER_OUTAGE_BASE",
+    show_envvar=True,
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0.001, 3600),
+    help="First pause (s) when the broker is down; doubles per failed round.",
+)
+@click.option(
+    "--outage-cap",
+    envvar="OUTBOXER_OUTAGE_CAP",
+    show_envvar=True,
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0.001, 3600),
+)
+@click.option(
+    "--poll-interval",
+    envvar="OUTBOXER_POLL_INTERVAL",
+    show_envvar=True,
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0.01, 60),
+    help="Longest idle wait between claims without a notification (s).",
+)
+@click.option(
+    "--shutdown-timeout",
+    envvar="OUTBOXER_SHUTDOWN_TIMEOUT",
+    show_envvar=True,
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600),
+)
+@click.option(
+    "--relay-id",
+    envvar="OUTBOXER_RELAY_ID",
+    show_envvar=True,
+    default=None,
+    help="Instance name (default host:pid:random).",
+)
 def relay(
     database_url: str,
     schema: str | None,
@@ -453,8 +520,13 @@ def dlq_purge(
 
 
 @main.command()
-@click.option("--database", "database", default=None, type=click.Path(dir_okay=False),
-              help="SQLite file to use (default: a fresh temporary file).")
+@click.option(
+    "--database",
+    "database",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="SQLite file to use (default: a fresh temporary file).",
+)
 def demo(database: str | None) -> None:
     """The order pipeline and welcome e-mails on SQLite with in-process handlers."""
     from outboxer import demo as demo_module
@@ -463,7 +535,19 @@ def demo(database: str | None) -> None:
     _run(demo_module.run(database))
 
 
+def run() -> None:
+    """Console entry point: usage errors become one line too (click prints three)."""
+    try:
+        code = main.main(standalone_mode=False)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "outboxer"
+        _fail(f"{exc.format_message()} (see '{where} --help')", EXIT_USAGE)
+    except click.Abort:
+        _fail("aborted", EXIT_FAILURE)
+    except click.ClickException as exc:
+        _fail(exc.format_message(), exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    run()

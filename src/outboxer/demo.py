@@ -137,7 +137,9 @@ async def run(database: str | None = None) -> None:
 
             echo("2. The relay claims the messages and runs their handlers")
             settings = RelaySettings(
-                batch_size=10, max_attempts=DEMO_MAX_ATTEMPTS, retry=Backoff(base=0.2, factor=2, cap=1)
+                batch_size=10,
+                max_attempts=DEMO_MAX_ATTEMPTS,
+                retry=Backoff(base=0.2, factor=2, cap=1),
             )
             counters = await Relay(store, InProcessPublisher(handlers), settings).drain(30)
             echo("")

@@ -107,18 +107,17 @@ class InMemoryStore:
     ) -> Claim:
         now = _now()
         token = int.from_bytes(os.urandom(8), "big") >> 1
-        rows = sorted(self._rows.values(), key=lambda r: r.seq)
-        heads: dict[str, int] = {}
-        for row in rows:
-            if row.message.key is not None:
-                heads.setdefault(row.message.key, row.seq)
         claimed: list[Message] = []
-        for row in rows:
+        blocked: set[str] = set()  # keys with an older row that is leased or waiting
+        for row in sorted(self._rows.values(), key=lambda r: r.seq):
             if len(claimed) >= limit:
                 break
+            key = row.message.key
             if row.token is not None or row.available_at > now:
+                if key is not None:
+                    blocked.add(key)
                 continue
-            if ordered and row.message.key is not None and heads[row.message.key] != row.seq:
+            if ordered and key is not None and key in blocked:
                 continue
             row.token, row.locked_by = token, relay_id
             row.locked_until = now + dt.timedelta(seconds=lease_seconds)

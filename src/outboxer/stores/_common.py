@@ -11,12 +11,11 @@ from outboxer.errors import ConfigurationError
 from outboxer.message import Message
 from outboxer.ports import DeadLetter
 
+
 class Row(Protocol):
     """A database row readable by column name (asyncpg Record, sqlite3.Row, dict)."""
 
     def __getitem__(self, key: str, /) -> Any: ...
-
-
 
 
 def decode_headers(raw: str | bytes | Mapping[str, str] | None) -> Mapping[str, str]:

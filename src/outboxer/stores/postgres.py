@@ -155,11 +155,12 @@ class PostgresStore:
 
     # -- schema --------------------------------------------------------------------------------
 
-    async def migrate(self) -> list[int]:
+    async def migrate(self, target: int | None = None) -> list[int]:
         """Create or upgrade the schema; returns the versions applied (empty when current).
 
-        Runs in one transaction under an advisory lock, so concurrent upgrades are safe and a
-        failed upgrade leaves nothing behind.
+        ``target`` stops at that version (tests of the upgrade path). Runs in one transaction
+        under an advisory lock, so concurrent upgrades are safe and a failed upgrade leaves
+        nothing behind.
         """
 
         async def upgrade(conn: Conn) -> list[int]:
@@ -175,7 +176,9 @@ class PostgresStore:
                 )
                 current = await conn.fetchval(f"SELECT max(version) FROM {version_table}") or 0
                 for migration in _sql.migrations("postgres"):
-                    if migration.version <= current:
+                    if migration.version <= current or (
+                        target is not None and migration.version > target
+                    ):
                         continue
                     for statement in _sql.split_statements(migration.sql):
                         await conn.execute(_sql.render(statement, self.names))

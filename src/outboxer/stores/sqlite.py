@@ -132,7 +132,7 @@ class SqliteStore:
 
     # -- schema --------------------------------------------------------------------------------
 
-    async def migrate(self) -> list[int]:
+    async def migrate(self, target: int | None = None) -> list[int]:
         async def upgrade(conn: aiosqlite.Connection) -> list[int]:
             table = _sql.render("{schema_version}", self.names)
 
@@ -146,7 +146,9 @@ class SqliteStore:
                 current = (row[0] if row else 0) or 0
                 applied = []
                 for migration in _sql.migrations("sqlite"):
-                    if migration.version <= current:
+                    if migration.version <= current or (
+                        target is not None and migration.version > target
+                    ):
                         continue
                     for statement in _sql.split_statements(migration.sql):
                         await conn.execute(_sql.render(statement, self.names))

@@ -1,0 +1,33 @@
+"""Handlers the acceptance tests load with ``--broker inprocess://tests.acceptance.handlers:registry``.
+
+Each delivered message id is appended to the file named by ``OUTBOXER_TEST_SINK`` (one line per
+delivery, so duplicates are visible); ``OUTBOXER_TEST_DELAY`` slows each delivery down so a test
+can kill the relay mid-stream. Messages of type ``Poison`` always fail.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from outboxer import HandlerRegistry, Message
+
+registry = HandlerRegistry()
+
+
+def _record(message: Message) -> None:
+    delay = float(os.environ.get("OUTBOXER_TEST_DELAY", "0"))
+    if delay:
+        time.sleep(delay)
+    with open(os.environ["OUTBOXER_TEST_SINK"], "a") as sink:
+        sink.write(message.id + "\n")
+
+
+@registry.handler(topic="orders")
+def deliver(message: Message) -> None:
+    _record(message)
+
+
+@registry.handler("Poison")
+def reject(message: Message) -> None:
+    raise ValueError("this payload is always rejected")

@@ -1,0 +1,266 @@
+"""The ``outboxer`` command, driven as a user drives it: a subprocess."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+import outboxer
+from tests.acceptance.conftest import Cli, assert_one_line_error, lines
+
+INPROCESS = "inprocess://tests.acceptance.handlers:registry"
+
+
+def wait_until(predicate, timeout: float = 60, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'app.db'}"
+
+
+def write_sqlite(url: str, count: int, *, poison: int = 0) -> list[str]:
+    conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+    with conn:
+        ids = [outboxer.enqueue(conn, "orders", {"n": n}, key=str(n)) for n in range(count)]
+        ids += [
+            outboxer.enqueue(conn, "audit", {"p": n}, key=f"p{n}", type="Poison")
+            for n in range(poison)
+        ]
+    conn.close()
+    return ids
+
+
+def test_help_lists_every_environment_variable(cli: Cli) -> None:
+    result = cli("relay", "--help")
+    assert result.returncode == 0
+    for variable in (
+        "OUTBOXER_DATABASE_URL",
+        "OUTBOXER_BROKER",
+        "OUTBOXER_BATCH_SIZE",
+        "OUTBOXER_MAX_ATTEMPTS",
+        "OUTBOXER_UNORDERED",
+        "OUTBOXER_LEASE_SECONDS",
+    ):
+        assert variable in result.stdout
+
+
+def test_db_upgrade_is_idempotent_on_sqlite(cli: Cli, sqlite_url: str) -> None:
+    first = cli("db", "upgrade", "--database-url", sqlite_url)
+    assert first.returncode == 0 and "upgraded to version 1" in first.stdout
+    again = cli("db", "upgrade", "--database-url", sqlite_url)
+    assert again.returncode == 0 and "up to date" in again.stdout
+
+
+def test_db_upgrade_is_idempotent_on_postgres(cli: Cli, pg_url: str, pg_schema: str) -> None:
+    cli.env["OUTBOXER_DATABASE_URL"] = pg_url  # options come from the environment too
+    cli.env["OUTBOXER_SCHEMA"] = pg_schema
+    assert "upgraded" in cli("db", "upgrade").stdout
+    assert "up to date" in cli("db", "upgrade").stdout
+
+
+def test_relay_delivers_then_stops_gracefully_on_sigterm(
+    cli: Cli, sqlite_url: str, sink: Path
+) -> None:
+    assert cli("db", "upgrade", "--database-url", sqlite_url).returncode == 0
+    ids = write_sqlite(sqlite_url, 300)
+    relay = cli.start(
+        "relay", "--database-url", sqlite_url, "--broker", INPROCESS, "--poll-interval", "0.1"
+    )
+    try:
+        wait_until(lambda: len(lines(sink)) >= 300, what="300 deliveries")
+        relay.send_signal(signal.SIGTERM)
+        _, stderr = relay.communicate(timeout=30)
+    finally:
+        relay.kill()
+    assert relay.returncode == 0, stderr
+    assert "stopped" in stderr
+    assert sorted(lines(sink)) == sorted(ids)
+    stats = json.loads(cli("stats", "--database-url", sqlite_url, "--json").stdout)
+    assert (stats["pending"], stats["in_flight"], stats["relays"]) == (0, 0, [])
+
+
+async def test_kill_9_mid_stream_loses_nothing_and_duplicates_stay_bounded(
+    cli: Cli, pg_url: str, pg_schema: str, sink: Path
+) -> None:
+    batch, window, total = 200, 2, 20_000
+    base = ["--database-url", pg_url, "--schema", pg_schema]
+    assert cli("db", "upgrade", *base).returncode == 0
+    outbox = outboxer.Outbox(schema=pg_schema)
+    conn = await asyncpg.connect(pg_url)
+    try:
+        rows = [tuple(outbox.row("orders", {"n": n}, key=str(n % 500))) for n in range(total)]
+        await conn.executemany(outbox.insert_sql("postgres", "numeric"), rows)
+    finally:
+        await conn.close()
+    ids = {r[0] for r in rows}
+    relay_args = [
+        "relay",
+        *base,
+        "--broker",
+        INPROCESS,
+        "--batch-size",
+        str(batch),
+        "--window",
+        str(window),
+        "--lease-seconds",
+        "3",
+    ]
+    cli.env["OUTBOXER_TEST_DELAY"] = "0.0001"
+    first = cli.start(*relay_args)
+    try:
+        wait_until(lambda: len(lines(sink)) >= total // 3, what="a third delivered")
+        first.kill()  # SIGKILL: no cleanup, its claims stay leased until they expire
+        first.communicate(timeout=10)
+    finally:
+        first.kill()
+    delivered_before = len(lines(sink))
+    assert delivered_before < total, "the relay finished before it could be killed"
+    second = cli.start(*relay_args)
+    try:
+        wait_until(lambda: set(lines(sink)) >= ids, timeout=120, what="every message")
+        second.send_signal(signal.SIGTERM)
+        second.communicate(timeout=30)
+    finally:
+        second.kill()
+    delivered = lines(sink)
+    duplicates = len(delivered) - len(set(delivered))
+    print(
+        f"\nkill -9 after {delivered_before} deliveries: {duplicates} duplicates "
+        f"(bound: window × batch = {window * batch})"
+    )
+    assert set(delivered) == ids
+    assert duplicates <= window * batch
+    stats = json.loads(cli("stats", *base, "--json").stdout)
+    assert (stats["pending"], stats["in_flight"], stats["dead_letters"]) == (0, 0, 0)
+
+
+def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, sqlite_url: str) -> None:
+    db = ["--database-url", sqlite_url]
+    assert cli("db", "upgrade", *db).returncode == 0
+    ids = write_sqlite(sqlite_url, 2, poison=3)
+    poison = ids[2:]
+    relay = cli.start(
+        "relay", *db, "--broker", INPROCESS, "--retry-base", "0.05", "--poll-interval", "0.05"
+    )
+    try:
+
+        def dead_count() -> int:
+            return int(json.loads(cli("stats", *db, "--json").stdout)["dead_letters"])
+
+        wait_until(lambda: dead_count() == 3, what="three dead letters")
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        relay.communicate(timeout=30)
+
+    page = json.loads(cli("dlq", "list", *db, "--json", "--limit", "2").stdout)
+    assert len(page["items"]) == 2 and page["next_cursor"]
+    rest = json.loads(cli("dlq", "list", *db, "--json", "--cursor", page["next_cursor"]).stdout)
+    listed = [d["id"] for d in page["items"] + rest["items"]]
+    assert sorted(listed) == sorted(poison) and rest["next_cursor"] is None
+    shown = json.loads(cli("dlq", "show", *db, poison[0], "--json").stdout)
+    assert shown["attempts"] == 3 and shown["direction"] == "publish"
+    assert shown["type"] == "Poison" and shown["topic"] == "audit"
+    assert "always rejected" in shown["failure_reason"]
+    assert "always rejected" in cli("dlq", "list", *db).stdout  # the human table
+
+    replayed = json.loads(cli("dlq", "replay", *db, poison[0], "--json").stdout)
+    assert replayed == {"replayed": [poison[0]], "count": 1, "not_found": []}
+    stats = json.loads(cli("stats", *db, "--json").stdout)
+    assert (stats["pending"], stats["dead_letters"]) == (1, 2)
+
+    purged = cli("dlq", "purge", *db, "--topic", "audit", "--yes")
+    assert purged.returncode == 0 and "purged 2" in purged.stdout
+    assert json.loads(cli("dlq", "list", *db, "--json").stdout)["items"] == []
+
+
+def test_purge_asks_before_deleting(cli: Cli, sqlite_url: str) -> None:
+    assert cli("db", "upgrade", "--database-url", sqlite_url).returncode == 0
+    result = cli("dlq", "purge", "--database-url", sqlite_url, "--all", input="n\n")
+    assert result.returncode == 1 and "nothing deleted" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "words"),
+    [
+        (["stats", "--database-url", "mongodb://x"], 2, ["unsupported database URL"]),
+        (["stats", "--database-url", "postgresql://u:secret@127.0.0.1:1/x"], 1, ["cannot connect"]),
+        (
+            ["stats", "--database-url", "sqlite:///SQLITE", "--table", "x;drop"],
+            2,
+            ["invalid table name"],
+        ),
+        (["stats", "--database-url", "sqlite:///SQLITE"], 1, ["db upgrade"]),
+        (["stats"], 2, ["--database-url"]),
+        (
+            ["relay", "--database-url", "sqlite:///SQLITE", "--broker", "ftp://x"],
+            2,
+            ["unsupported broker URL"],
+        ),
+        (
+            ["relay", "--database-url", "sqlite:///SQLITE", "--broker", "inprocess://nope.mod:r"],
+            2,
+            ["cannot import handler module"],
+        ),
+        (["relay", "--database-url", "sqlite:///SQLITE", "--broker", INPROCESS], 1, ["db upgrade"]),
+        (
+            ["relay", "--database-url", "sqlite:///SQLITE", "--broker", "x", "--batch-size", "0"],
+            2,
+            ["batch-size"],
+        ),
+        (
+            ["dlq", "show", "--database-url", "sqlite:///UPGRADED", "missing-id"],
+            1,
+            ["no dead letter"],
+        ),
+        (["dlq", "replay", "--database-url", "sqlite:///UPGRADED"], 2, ["--all"]),
+        (
+            ["dlq", "replay", "--database-url", "sqlite:///UPGRADED", "--all", "--topic", "t"],
+            2,
+            ["--all"],
+        ),
+        (
+            ["dlq", "list", "--database-url", "sqlite:///UPGRADED", "--cursor", "zzz"],
+            2,
+            ["invalid cursor"],
+        ),
+        (["dlq", "replay", "--database-url", "sqlite:///UPGRADED", "nope"], 1, ["no dead letter"]),
+    ],
+)
+def test_bad_input_is_one_line_and_changes_nothing(
+    cli: Cli, tmp_path: Path, args: list[str], code: int, words: list[str]
+) -> None:
+    upgraded = f"sqlite:///{tmp_path / 'upgraded.db'}"
+    assert cli("db", "upgrade", "--database-url", upgraded).returncode == 0
+    before = (tmp_path / "upgraded.db").read_bytes()
+    args = [
+        a.replace("sqlite:///SQLITE", f"sqlite:///{tmp_path / 'empty.db'}").replace(
+            "sqlite:///UPGRADED", upgraded
+        )
+        for a in args
+    ]
+    result = cli(*args)
+    assert_one_line_error(result, code, *words)
+    assert "secret" not in result.stderr
+    assert (tmp_path / "upgraded.db").read_bytes() == before
+
+
+def test_demo_tells_the_whole_story(cli: Cli) -> None:
+    result = cli("demo")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "delivered (3)" in out
+    assert "never sent (1)" in out and "rolled back" in out
+    assert "dead-lettered (1)" in out and "after 3 attempts" in out
+    assert "welcome e-mail sent to bob@example.com" in out

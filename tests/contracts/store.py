@@ -1,0 +1,219 @@
+"""``StoreContract``: the semantics every store must have, run against each real database.
+
+Subclass it with a ``store`` fixture (migrated, empty) and an ``add`` fixture:
+``add(topic, payload, **options) -> id`` that commits one message through the write API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from outboxer.errors import ConfigurationError, NotFound
+from outboxer.ports import DeadLetterFilter, Retry, Settlement
+
+Add = Callable[..., Awaitable[str]]
+RELAY = "relay-under-test"
+
+
+async def claim(store: Any, limit: int = 100, *, ordered: bool = True, lease: float = 30.0) -> Any:
+    return await store.claim_batch(
+        limit=limit, lease_seconds=lease, ordered=ordered, relay_id=RELAY
+    )
+
+
+class StoreContract:
+    async def test_claim_returns_messages_in_write_order_with_their_fields(
+        self, store: Any, add: Add
+    ) -> None:
+        ids = [
+            await add("orders", {"n": n}, key=f"k{n}", type="OrderCreated", headers={"h": "v"})
+            for n in range(5)
+        ]
+        c = await claim(store)
+        assert [m.id for m in c.messages] == ids
+        first = c.messages[0]
+        assert first.topic == "orders" and first.type == "OrderCreated" and first.key == "k0"
+        assert first.json() == {"n": 0}
+        assert dict(first.headers) == {"h": "v"}
+        assert first.content_type == "application/json"
+        assert first.attempts == 0
+        assert first.created_at.tzinfo is not None
+
+    async def test_claimed_messages_are_not_claimed_again(self, store: Any, add: Add) -> None:
+        for n in range(10):
+            await add("t", {"n": n})
+        first = await claim(store, 6, ordered=False)
+        second = await claim(store, 6, ordered=False)
+        assert len(first.messages) == 6 and len(second.messages) == 4
+        assert not {m.id for m in first.messages} & {m.id for m in second.messages}
+        assert (await claim(store)).messages == []
+
+    async def test_ack_removes_and_stats_count(self, store: Any, add: Add) -> None:
+        for n in range(4):
+            await add("t", {"n": n})
+        c = await claim(store, 3)
+        stats = await store.stats()
+        assert (stats.pending, stats.in_flight) == (1, 3)
+        assert stats.oldest_pending_age_seconds is not None
+        await store.settle(c, Settlement(published=[m.id for m in c.messages]))
+        stats = await store.stats()
+        assert (stats.pending, stats.in_flight, stats.dead_letters) == (1, 0, 0)
+
+    async def test_stale_claim_token_changes_nothing(self, store: Any, add: Add) -> None:
+        """Fencing: after a lease expired and another relay claimed, the old owner is inert."""
+        await add("t", {"n": 1})
+        stale = await claim(store, lease=0.2)
+        await asyncio.sleep(0.4)
+        assert await store.release_expired_leases() == 1
+        fresh = await claim(store)
+        assert [m.id for m in fresh.messages] == [m.id for m in stale.messages]
+        message_id = stale.messages[0].id
+        await store.settle(stale, Settlement(published=[message_id]))
+        await store.settle(stale, Settlement(dead=[(message_id, "stale")]))
+        stats = await store.stats()
+        assert (stats.in_flight, stats.dead_letters) == (1, 0)
+        await store.settle(fresh, Settlement(published=[message_id]))
+        assert (await store.stats()).in_flight == 0
+
+    async def test_retry_counts_an_attempt_and_waits(self, store: Any, add: Add) -> None:
+        message_id = await add("t", {"n": 1})
+        c = await claim(store)
+        await store.settle(c, Settlement(retries=[Retry(message_id, 0.3, "boom")]))
+        assert (await claim(store)).messages == []  # not before its delay
+        await asyncio.sleep(0.45)
+        again = await claim(store)
+        assert [m.id for m in again.messages] == [message_id]
+        assert again.messages[0].attempts == 1
+
+    async def test_release_counts_no_attempt(self, store: Any, add: Add) -> None:
+        message_id = await add("t", {"n": 1})
+        c = await claim(store)
+        await store.settle(c, Settlement(released=[message_id]))
+        again = await claim(store)
+        assert [m.attempts for m in again.messages] == [0]
+
+    async def test_delayed_message_waits_for_available_at(self, store: Any, add: Add) -> None:
+        later = await add("t", {"n": 1}, available_at=dt.timedelta(seconds=0.5))
+        now = await add("t", {"n": 2})
+        assert [m.id for m in (await claim(store)).messages] == [now]
+        await asyncio.sleep(0.7)
+        assert [m.id for m in (await claim(store)).messages] == [later]
+
+    async def test_ordered_claim_takes_a_key_only_behind_its_predecessor(
+        self, store: Any, add: Add
+    ) -> None:
+        a1 = await add("t", {"n": 1}, key="a")
+        a2 = await add("t", {"n": 2}, key="a")
+        b1 = await add("t", {"n": 3}, key="b")
+        first = await claim(store, 2)  # a1, a2: a run of one key, in order
+        assert [m.id for m in first.messages] == [a1, a2]
+        second = await claim(store)
+        assert [m.id for m in second.messages] == [b1]
+        a3 = await add("t", {"n": 4}, key="a")
+        assert (await claim(store)).messages == []  # a1/a2 still in flight: a3 waits
+        await store.settle(first, Settlement(published=[a1, a2]))
+        assert [m.id for m in (await claim(store)).messages] == [a3]
+
+    async def test_a_failing_head_blocks_only_its_key(self, store: Any, add: Add) -> None:
+        a1 = await add("t", {"n": 1}, key="a")
+        await add("t", {"n": 2}, key="a")
+        b1 = await add("t", {"n": 3}, key="b")
+        c = await claim(store, 1)
+        assert [m.id for m in c.messages] == [a1]
+        await store.settle(c, Settlement(retries=[Retry(a1, 60, "down")]))
+        assert [m.id for m in (await claim(store)).messages] == [b1]
+
+    async def test_dead_letter_keeps_every_field_and_frees_the_key(
+        self, store: Any, add: Add
+    ) -> None:
+        a1 = await add("orders", {"order": 1}, key="o1", type="OrderCreated", headers={"x": "y"})
+        a2 = await add("orders", {"order": 2}, key="o1", type="OrderCreated")
+        c = await claim(store, 1)
+        await store.settle(c, Settlement(dead=[(a1, "rejected by broker")]))
+        dead = await store.get_dead_letter(a1)
+        assert (dead.topic, dead.key, dead.type) == ("orders", "o1", "OrderCreated")
+        assert dead.payload == b'{"order":1}' and dict(dead.headers) == {"x": "y"}
+        assert dead.failure_reason == "rejected by broker" and dead.attempts == 1
+        assert dead.direction == "publish"
+        assert dead.dead_lettered_at >= dead.created_at
+        assert [m.id for m in (await claim(store)).messages] == [a2]  # the key continues
+        shape = dead.to_json()
+        assert set(shape) >= {
+            "id",
+            "topic",
+            "key",
+            "type",
+            "payload",
+            "headers",
+            "created_at",
+            "dead_lettered_at",
+            "failure_reason",
+            "attempts",
+            "direction",
+        }
+        assert shape["payload"] == {"order": 1}
+
+    async def _dead_letters(self, store: Any, add: Add, count: int, topic: str = "t") -> list[str]:
+        ids = [await add(topic, {"n": n}, type="T", key=f"k{n}") for n in range(count)]
+        c = await claim(store, count)
+        await store.settle(c, Settlement(dead=[(i, f"reason {i}") for i in ids]))
+        return ids
+
+    async def test_dead_letters_page_newest_first(self, store: Any, add: Add) -> None:
+        ids = await self._dead_letters(store, add, 5)
+        seen, cursor = [], None
+        while True:
+            page = await store.list_dead_letters(DeadLetterFilter(), limit=2, cursor=cursor)
+            seen += [d.id for d in page.items]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert sorted(seen) == sorted(ids) and len(seen) == 5
+        with pytest.raises(ConfigurationError):
+            await store.list_dead_letters(DeadLetterFilter(), limit=0, cursor=None)
+        with pytest.raises(ConfigurationError):
+            await store.list_dead_letters(DeadLetterFilter(), limit=5, cursor="not-a-cursor")
+
+    async def test_filters_select_dead_letters(self, store: Any, add: Add) -> None:
+        await self._dead_letters(store, add, 2, topic="a")
+        b = await self._dead_letters(store, add, 3, topic="b")
+        page = await store.list_dead_letters(DeadLetterFilter(topic="b"), limit=10, cursor=None)
+        assert sorted(d.id for d in page.items) == sorted(b)
+        page = await store.list_dead_letters(DeadLetterFilter(key="k1"), limit=10, cursor=None)
+        assert {d.key for d in page.items} == {"k1"} and len(page.items) == 2
+
+    async def test_replay_moves_back_with_same_id_and_attempts_reset(
+        self, store: Any, add: Add
+    ) -> None:
+        ids = await self._dead_letters(store, add, 3)
+        assert await store.replay_dead_letters(DeadLetterFilter(ids=[ids[1]])) == [ids[1]]
+        with pytest.raises(NotFound):
+            await store.get_dead_letter(ids[1])
+        c = await claim(store)
+        assert [(m.id, m.attempts) for m in c.messages] == [(ids[1], 0)]
+        assert sorted(await store.replay_dead_letters(DeadLetterFilter())) == sorted(
+            [ids[0], ids[2]]
+        )
+        assert (await store.stats()).dead_letters == 0
+
+    async def test_purge_deletes(self, store: Any, add: Add) -> None:
+        ids = await self._dead_letters(store, add, 3)
+        assert await store.purge_dead_letters(DeadLetterFilter(ids=[ids[0], "nope"])) == [ids[0]]
+        assert sorted(await store.purge_dead_letters(DeadLetterFilter())) == sorted(ids[1:])
+        assert (await store.stats()).dead_letters == 0
+
+    async def test_relays_register_by_heartbeat(self, store: Any, add: Add) -> None:
+        from outboxer.relay import Relay
+        from outboxer.testing import RecordingPublisher
+
+        relay = Relay(store, RecordingPublisher())
+        await store.heartbeat(relay.info)
+        [live] = (await store.stats()).relays
+        assert live.relay_id == relay.relay_id and live.pid == relay.info.pid
+        await store.unregister(relay.relay_id)
+        assert (await store.stats()).relays == []

@@ -1,0 +1,192 @@
+"""The relay on a real PostgreSQL: scale-out, order, doorbell, poison, leases, migrations."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import Any
+
+import asyncpg
+
+import outboxer
+from outboxer.config import Backoff, RelaySettings, TableNames
+from outboxer.errors import RetryablePublishError
+from outboxer.message import Message
+from outboxer.relay import Relay
+from outboxer.stores import _sql
+from outboxer.stores.postgres import PostgresStore
+from outboxer.testing import RecordingPublisher
+
+QUICK = RelaySettings(
+    batch_size=500,
+    poll_interval=0.2,
+    retry=Backoff(base=0.05, factor=2, cap=0.1),
+    heartbeat_interval=1,
+)
+
+
+async def fill(pg_url: str, schema: str, count: int, keys: int | None = None) -> list[str]:
+    """Commit ``count`` messages in write order (key = n % keys)."""
+    outbox = outboxer.Outbox(schema=schema)
+    sql = outbox.insert_sql("postgres", "numeric")
+    rows = [
+        tuple(outbox.row("orders", {"n": n}, key=(n % keys) if keys else None, type="T"))
+        for n in range(count)
+    ]
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.executemany(sql, rows)
+    finally:
+        await conn.close()
+    return [r[0] for r in rows]
+
+
+async def run_relays(
+    pg_url: str, schema: str, publisher: Any, count: int, settings: RelaySettings
+) -> list[Any]:
+    stores = [PostgresStore(pg_url, TableNames(schema=schema)) for _ in range(count)]
+    for store in stores:
+        await store.open()
+    try:
+        relays = [Relay(store, publisher, settings) for store in stores]
+        return await asyncio.gather(*(relay.drain(timeout=120) for relay in relays))
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_three_relays_share_20000_messages_without_loss_or_duplicates(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    ids = await fill(pg_url, pg_schema, 20_000)
+    publisher = RecordingPublisher()
+    settings = RelaySettings(batch_size=200, ordered=False, poll_interval=0.2)
+    counters = await run_relays(pg_url, pg_schema, publisher, 3, settings)
+    published = [m.id for m in publisher.messages]
+    assert len(published) == 20_000 == len(set(published))
+    assert set(published) == set(ids)
+    assert all(c.published > 0 for c in counters), "every relay took a share"
+    print("\nshare per relay:", [c.published for c in counters])
+
+
+async def test_three_ordered_relays_keep_per_key_order(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    ids = await fill(pg_url, pg_schema, 6_000, keys=50)
+    publisher = RecordingPublisher()
+    await run_relays(pg_url, pg_schema, publisher, 3, RelaySettings(batch_size=100))
+    assert len(publisher.messages) == 6_000 == len({m.id for m in publisher.messages})
+    position = {message_id: n for n, message_id in enumerate(ids)}
+    by_key: dict[str | None, list[int]] = collections.defaultdict(list)
+    for message in publisher.messages:
+        by_key[message.key].append(position[message.id])
+    assert len(by_key) == 50
+    for key, order in by_key.items():
+        assert order == sorted(order), f"key {key} published out of order"
+
+
+async def test_poison_dead_lettered_after_three_attempts_while_others_flow(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    conn = await asyncpg.connect(pg_url)
+    outbox = outboxer.Outbox(schema=pg_schema)
+    try:
+        async with conn.transaction():
+            poison = await outbox.enqueue_async(
+                conn, "orders", {"order": 13}, key="13", type="OrderCreated", headers={"a": "b"}
+            )
+            good = [await outbox.enqueue_async(conn, "orders", {"order": n}) for n in range(50)]
+    finally:
+        await conn.close()
+
+    def reject(message: Message) -> RetryablePublishError | None:
+        return (
+            RetryablePublishError("schema registry rejected it") if message.id == poison else None
+        )
+
+    publisher = RecordingPublisher(fail=reject)
+    await Relay(pg_store, publisher, QUICK).drain(timeout=30)
+    assert {m.id for m in publisher.messages} == set(good)
+    dead = await pg_store.get_dead_letter(poison)
+    assert (dead.topic, dead.key, dead.type, dead.attempts) == ("orders", "13", "OrderCreated", 3)
+    assert dead.failure_reason == "schema registry rejected it"
+    assert dead.payload == b'{"order":13}'
+    assert dict(dead.headers) == {"a": "b"}
+
+
+async def test_notify_wakes_an_idle_relay_long_before_its_poll(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    publisher = RecordingPublisher()
+    # Poll only every 60 s: a delivery within 10 s can only come from the NOTIFY doorbell.
+    settings = RelaySettings(poll_interval=60, min_poll_interval=60, heartbeat_interval=5)
+    relay = Relay(pg_store, publisher, settings)
+    task = asyncio.create_task(relay.run())
+    try:
+        await asyncio.sleep(0.5)  # the relay is idle and listening
+        [message_id] = await fill(pg_url, pg_schema, 1)
+        started = time.monotonic()
+        while not publisher.messages and time.monotonic() - started < 10:
+            await asyncio.sleep(0.01)
+        assert [m.id for m in publisher.messages] == [message_id]
+    finally:
+        relay.stop()
+        await task
+
+
+async def test_expired_lease_is_taken_over_and_the_old_owner_cannot_settle(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    await fill(pg_url, pg_schema, 10)
+    stale = await pg_store.claim_batch(limit=10, lease_seconds=0.3, ordered=True, relay_id="dead")
+    await asyncio.sleep(0.5)
+    publisher = RecordingPublisher()
+    await Relay(pg_store, publisher, QUICK).drain(timeout=20)  # reaps the lease, publishes
+    assert len(publisher.messages) == 10
+    from outboxer.ports import Settlement
+
+    await pg_store.settle(stale, Settlement(dead=[(m.id, "late") for m in stale.messages]))
+    assert (await pg_store.stats()).dead_letters == 0
+
+
+async def test_upgrade_is_idempotent_and_equals_a_fresh_install(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Applying migrations one by one (from every older version) equals a fresh install."""
+    versions = [m.version for m in _sql.migrations("postgres")]
+
+    async def catalog(schema: str) -> list[tuple[Any, ...]]:
+        conn = await asyncpg.connect(pg_url)
+        try:
+            columns = await conn.fetch(
+                "SELECT table_name, column_name, data_type, is_nullable, column_default "
+                "FROM information_schema.columns WHERE table_schema = $1 ORDER BY 1, 2",
+                schema,
+            )
+            indexes = await conn.fetch(
+                "SELECT tablename, indexname, regexp_replace(indexdef, $1, 'S', 'g') "
+                "FROM pg_indexes WHERE schemaname = $2 ORDER BY 1, 2",
+                schema,
+                schema,
+            )
+        finally:
+            await conn.close()
+        return [tuple(r) for r in columns] + [tuple(r) for r in indexes]
+
+    async with PostgresStore(pg_url, TableNames(schema=pg_schema)) as store:
+        assert await store.migrate() == versions
+        assert await store.migrate() == []
+        assert await store.schema_version() == versions[-1]
+        reference = await catalog(pg_schema)
+    assert reference
+    for start in versions[:-1]:
+        stepwise = f"{pg_schema}_from_{start}"
+        async with PostgresStore(pg_url, TableNames(schema=stepwise)) as store:
+            try:
+                await store.migrate(target=start)
+                assert await store.schema_version() == start
+                await store.migrate()
+                assert await catalog(stepwise) == reference
+            finally:
+                await store.execute(f'DROP SCHEMA "{stepwise}" CASCADE')

@@ -1,0 +1,210 @@
+"""The relay loop against the in-memory store: retries, dead letters, backoff, order, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Sequence
+
+from outboxer.config import Backoff, RelaySettings
+from outboxer.errors import (
+    BrokerUnavailable,
+    PermanentPublishError,
+    PublishError,
+    RetryablePublishError,
+)
+from outboxer.message import Message
+from outboxer.ports import DeadLetterFilter
+from outboxer.relay import Relay
+from outboxer.testing import InMemoryStore, RecordingPublisher
+
+FAST = RelaySettings(
+    batch_size=50,
+    retry=Backoff(base=0.01, factor=2, cap=0.05),
+    outage=Backoff(base=0.05, factor=2, cap=0.2),
+    min_poll_interval=0.005,
+    poll_interval=0.02,
+    heartbeat_interval=0.5,
+)
+
+
+def settings(**changes: object) -> RelaySettings:
+    from dataclasses import replace
+
+    return replace(FAST, **changes)  # type: ignore[arg-type]
+
+
+async def test_poison_is_dead_lettered_after_max_attempts_while_others_flow() -> None:
+    store = InMemoryStore()
+    poison = store.enqueue("orders", {"bad": True}, key="p", type="Poison")
+    good = [store.enqueue("orders", {"n": n}, key=str(n)) for n in range(100)]
+    publisher = RecordingPublisher(
+        fail=lambda m: RetryablePublishError("cannot decode") if m.type == "Poison" else None
+    )
+    counters = await Relay(store, publisher, FAST).drain(timeout=10)
+    assert sorted(m.id for m in publisher.messages) == sorted(good)
+    assert [m.id for m in publisher.attempts].count(poison) == 3
+    dead = await store.get_dead_letter(poison)
+    assert dead.attempts == 3 and dead.failure_reason == "cannot decode"
+    assert counters.dead_lettered == 1 and counters.retried == 2
+    assert counters.outages == 0  # a bad message never triggers the broker backoff
+
+
+async def test_permanent_failure_is_dead_lettered_at_once() -> None:
+    store = InMemoryStore()
+    bad = store.enqueue("t", "x", type="TooLarge")
+    publisher = RecordingPublisher(
+        fail=lambda m: PermanentPublishError("message too large") if m.type else None
+    )
+    await Relay(store, publisher, FAST).drain(timeout=5)
+    assert (await store.get_dead_letter(bad)).attempts == 1
+
+
+async def test_failing_message_blocks_only_its_own_key_and_order_holds() -> None:
+    store = InMemoryStore()
+    for n in range(5):
+        store.enqueue("t", {"n": n}, key="slow")
+        store.enqueue("t", {"n": n}, key="fast")
+    failures = {"left": 2}
+
+    def flaky(message: Message) -> PublishError | None:
+        if message.key == "slow" and message.json() == {"n": 1} and failures["left"]:
+            failures["left"] -= 1
+            return RetryablePublishError("try again")
+        return None
+
+    publisher = RecordingPublisher(fail=flaky)
+    await Relay(store, publisher, settings(max_attempts=5)).drain(timeout=10)
+    for key in ("slow", "fast"):
+        assert [m.json()["n"] for m in publisher.messages if m.key == key] == list(range(5))
+    # "slow" n=2..4 were never attempted before n=1 succeeded
+    attempts = [m.json()["n"] for m in publisher.attempts if m.key == "slow"]
+    assert attempts == [0, 1, 1, 1, 2, 3, 4]
+
+
+async def test_broker_outage_backs_off_exponentially_and_resets_after_success() -> None:
+    store = InMemoryStore()
+    store.enqueue("t", {"n": 1})
+    calls: list[float] = []
+    down_for = {"calls": 4}
+
+    class Flaky(RecordingPublisher):
+        async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+            calls.append(time.monotonic())
+            if down_for["calls"]:
+                down_for["calls"] -= 1
+                raise BrokerUnavailable("connection refused")
+            return await super().publish(messages)
+
+    publisher = Flaky()
+    relay = Relay(store, publisher, settings(outage=Backoff(base=0.1, factor=2, cap=0.3)))
+    await relay.drain(timeout=10)
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
+    # 4 failures → pauses of 0.1, 0.2, 0.3 (cap), 0.3 before the 5th, successful call
+    assert len(calls) == 5
+    for gap, expected in zip(gaps, [0.1, 0.2, 0.3, 0.3], strict=True):
+        assert gap >= expected * 0.9
+    assert gaps[1] > gaps[0] * 1.5  # doubling, not a fixed retry loop
+    assert relay.outage_failures == 0  # reset after the first success
+    assert [m.attempts for m in publisher.messages] == [0]  # the outage cost no attempt
+
+
+async def test_outage_counts_once_per_round_across_concurrent_batches() -> None:
+    store = InMemoryStore()
+    for n in range(40):
+        store.enqueue("t", {"n": n})
+    state = {"down": True}
+
+    class Down(RecordingPublisher):
+        async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+            if state["down"]:
+                await asyncio.sleep(0.01)
+                return [BrokerUnavailable("down")] * len(messages)
+            return await super().publish(messages)
+
+    relay = Relay(store, Down(), settings(batch_size=10, outage=Backoff(0.2, 2, 0.2)))
+    task = asyncio.create_task(relay.run())
+    await asyncio.sleep(0.1)
+    assert relay.outage_failures == 1  # four batches failed together: one round, one pause
+    state["down"] = False
+    while (await store.stats()).pending:
+        await asyncio.sleep(0.02)
+    relay.stop()
+    await task
+
+
+async def test_graceful_stop_finishes_in_flight_batches() -> None:
+    store = InMemoryStore()
+    for n in range(20):
+        store.enqueue("t", {"n": n})
+    started = asyncio.Event()
+
+    class Slow(RecordingPublisher):
+        async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+            started.set()
+            await asyncio.sleep(0.2)
+            return await super().publish(messages)
+
+    publisher = Slow()
+    relay = Relay(store, publisher, settings(batch_size=20))
+    task = asyncio.create_task(relay.run())
+    await started.wait()
+    relay.stop()
+    counters = await task
+    assert counters.published == 20 and len(publisher.messages) == 20
+    stats = await store.stats()
+    assert (stats.pending, stats.in_flight) == (0, 0)
+
+
+async def test_stop_timeout_releases_the_batch_for_other_relays() -> None:
+    store = InMemoryStore()
+    ids = [store.enqueue("t", {"n": n}) for n in range(5)]
+    started = asyncio.Event()
+
+    class Hung(RecordingPublisher):
+        async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+            started.set()
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
+
+    relay = Relay(store, Hung(), settings(shutdown_timeout=0.1))
+    task = asyncio.create_task(relay.run())
+    await started.wait()
+    relay.stop()
+    counters = await task
+    assert counters.released == 5
+    stats = await store.stats()
+    assert (stats.pending, stats.in_flight) == (5, 0)  # claimable at once, no attempt counted
+    assert [m.attempts for m in store.pending_messages] == [0] * 5
+    assert [m.id for m in store.pending_messages] == ids
+
+
+async def test_unexpected_publisher_exception_counts_as_a_retry() -> None:
+    store = InMemoryStore()
+    message_id = store.enqueue("t", {"n": 1})
+
+    class Buggy(RecordingPublisher):
+        async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+            raise KeyError("bug")
+
+    await Relay(store, Buggy(), settings(max_attempts=2)).drain(timeout=5)
+    dead = await store.get_dead_letter(message_id)
+    assert dead.attempts == 2 and "KeyError" in dead.failure_reason
+
+
+async def test_unordered_mode_publishes_a_whole_key_at_once() -> None:
+    store = InMemoryStore()
+    for n in range(30):
+        store.enqueue("t", {"n": n}, key="one-key")
+    batches: list[int] = []
+
+    class Counting(RecordingPublisher):
+        async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+            batches.append(len(messages))
+            return await super().publish(messages)
+
+    await Relay(store, Counting(), settings(ordered=False, batch_size=30)).drain(timeout=5)
+    assert batches == [30]
+    page = await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)
+    assert page.items == []
