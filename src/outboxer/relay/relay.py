@@ -93,6 +93,7 @@ class Relay:
         self.counters = RelayCounters()
         self._window = asyncio.Semaphore(self.settings.max_in_flight_batches)
         self._in_flight: set[asyncio.Task[None]] = set()
+        self._settled_batches = 0
         self._stop = asyncio.Event()
         self._outage_failures = 0
         self._outage_until = 0.0
@@ -148,6 +149,7 @@ class Relay:
     async def _claim_loop(self, until_empty: bool) -> None:
         settings = self.settings
         idle = settings.min_poll_interval
+        saturated = False
         while not self._stop.is_set():
             await self._window.acquire()
             started = False
@@ -156,6 +158,7 @@ class Relay:
                 if wait > 0:
                     await self._sleep(wait)
                     continue
+                busy, settled = len(self._in_flight), self._settled_batches
                 try:
                     claim = await self.store.claim_batch(
                         limit=settings.batch_size,
@@ -172,22 +175,30 @@ class Relay:
                 self._store_failures = 0
                 if claim.messages:
                     idle = settings.min_poll_interval
+                    if busy:
+                        saturated = False  # work was found beside batches in flight
                     self.counters.claimed += len(claim.messages)
                     task = asyncio.create_task(self._deliver(claim))
                     self._in_flight.add(task)
                     task.add_done_callback(self._delivered)
                     started = True
-                    if len(claim.messages) == settings.batch_size:
+                    if len(claim.messages) == settings.batch_size and not saturated:
                         continue  # a full batch: more is probably waiting, claim again now
-                elif until_empty and not self._in_flight and await self._outbox_empty():
-                    return
+                else:
+                    if busy:
+                        # Ordered mode with few keys: every key waits behind a batch in
+                        # flight; claiming again before one settles only rescans blocked rows.
+                        saturated = True
+                    if self._settled_batches != settled:
+                        continue  # a batch settled meanwhile and may have unblocked keys
+                    if until_empty and not self._in_flight and await self._outbox_empty():
+                        return
             finally:
                 if not started:
                     self._window.release()
-            # A short or empty claim. While batches are in flight, their settlement is what
-            # makes more work claimable (ordered mode: their keys' next messages), so wait for
-            # one of them rather than scanning the outbox again; otherwise wait for the doorbell
-            # with an adaptive polling fallback.
+            # A short, empty or saturated claim. While batches are in flight, their settlement
+            # is what makes more work claimable (ordered mode: their keys' next messages), so
+            # wait for one of them; otherwise wait for the doorbell, polling adaptively.
             if self._in_flight:
                 await self._sleep(settings.poll_interval, in_flight=True)
             else:
@@ -195,6 +206,7 @@ class Relay:
                 idle = min(idle * 2, settings.poll_interval)
 
     def _delivered(self, task: asyncio.Task[None]) -> None:
+        self._settled_batches += 1
         self._in_flight.discard(task)
         self._window.release()
         if not task.cancelled() and task.exception() is not None:
@@ -233,12 +245,17 @@ class Relay:
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def _heartbeat_loop(self) -> None:
+        """Refresh the registry row; every half lease, take back leases that ran out."""
+        reap_every = self.settings.lease_seconds / 2
+        last_reap = -reap_every
         while True:
             try:
                 await self.store.heartbeat(self.info)
-                released = await self.store.release_expired_leases()
-                if released:
-                    log.warning("took back %d messages whose lease expired", released)
+                if time.monotonic() - last_reap >= reap_every:
+                    last_reap = time.monotonic()
+                    released = await self.store.release_expired_leases()
+                    if released:
+                        log.warning("took back %d messages whose lease expired", released)
             except StoreError as exc:
                 log.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(self.settings.heartbeat_interval)

@@ -23,19 +23,21 @@ CREATE TABLE {outbox} (
     locked_by     text,
     locked_until  timestamptz
 ) WITH (
+    -- Every row is updated once (the claim) and then deleted. No index covers a column the
+    -- claim changes, so with half of each page kept free the claim is a HOT update: a new row
+    -- version in the same page and no index write at all (measured 3x cheaper than a claim
+    -- that updates indexes). The price is a backlog taking about twice its data size on disk.
+    fillfactor = 50,
     -- A queue table churns: vacuum it after 2% dead rows instead of the default 20%.
     autovacuum_vacuum_scale_factor = 0.02,
     autovacuum_analyze_scale_factor = 0.05
 );
 
--- Claims scan only unleased rows in write order (the partial index excludes in-flight rows).
-CREATE INDEX "{t}_claimable" ON {outbox} (seq) WHERE claim_token IS NULL;
--- Ordered claims: "does an older row of this key remain?" (counted once per key and claim),
+-- Claims walk this index in write order; leased rows (at most the relays' in-flight windows,
+-- at the front) are filtered on the heap. It must not be partial on claim_token: see fillfactor.
+CREATE INDEX "{t}_seq" ON {outbox} (seq);
+-- Ordered claims: "is an older row of this key still here, leased or waiting?"
 CREATE INDEX "{t}_key_seq" ON {outbox} (key, seq) WHERE key IS NOT NULL;
--- "is an older row of this key leased?" (only in-flight rows: tiny; the lease reaper scans it),
-CREATE INDEX "{t}_leased" ON {outbox} (key, seq) WHERE claim_token IS NOT NULL;
--- "is an older row of this key waiting for a retry or a delayed time?".
-CREATE INDEX "{t}_key_available" ON {outbox} (key, available_at) WHERE key IS NOT NULL;
 
 CREATE TABLE {dead_letters} (
     dl_seq            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

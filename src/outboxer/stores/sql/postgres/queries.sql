@@ -8,9 +8,11 @@ VALUES ($1, $2, $3, $4, $5, $6, CAST($7 AS jsonb), COALESCE(CAST($8 AS timestamp
 
 -- name: claim_unordered
 -- One statement claims a whole batch. SKIP LOCKED lets concurrent relays claim disjoint
--- batches without waiting on each other; the partial index keeps in-flight rows out of the scan.
+-- batches without waiting on each other.
+-- The rows are updated by ctid: they are locked by this statement, so their ctid cannot
+-- change, and a TID scan avoids the hash join over the whole table a join on id plans.
 WITH candidates AS (
-    SELECT id FROM {outbox}
+    SELECT ctid FROM {outbox}
     WHERE claim_token IS NULL AND available_at <= now()
     ORDER BY seq
     LIMIT $1
@@ -18,43 +20,43 @@ WITH candidates AS (
 )
 UPDATE {outbox} AS o
 SET claim_token = $2, locked_by = $3, locked_until = now() + make_interval(secs => $4)
-FROM candidates c
-WHERE o.id = c.id
+WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM candidates))
 RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.headers::text,
           o.created_at, o.available_at, o.attempts
 
 -- name: claim_ordered
 -- Per-key order with any number of relays. A keyed row may be claimed only when every older
 -- row of its key is either gone (published/dead-lettered) or claimed in this same statement;
--- the relay then publishes a key's run in write order (see Relay._deliver).
---  1. candidates: the oldest claimable rows whose key has no older row that is leased or waiting
---     for a retry (two small index probes); a blocked key's followers are skipped, so a failing
---     message never holds back other keys.
---  2. SKIP LOCKED: rows another relay is claiming right now are not ours; if that leaves an older
---     row of a key outside our candidates, the count check drops the whole key from this claim
---     (conservative: it is simply claimed again later).
+-- the relay then publishes a key's run in write order (see Relay._publish_in_waves).
+--  1. candidates: the oldest claimable rows whose key's head (its oldest row) is neither leased
+--     nor waiting for a retry or a delayed time: one probe of the key index and one heap visit.
+--     Rows behind a blocked head are skipped, so a failing message never holds back other keys.
+--     (Leased and retrying rows are always a prefix of their key: runs are claimed from the head
+--     and a failure releases the rest of its run.)
+--  2. SKIP LOCKED leaves out rows another relay is claiming at this moment, and a delayed row
+--     may sit in the middle of a key. So a candidate is kept only if the number of rows of its
+--     key up to it equals its rank among our candidates of that key: no gap before it.
 WITH candidates AS MATERIALIZED (
-    SELECT o.id, o.key, o.seq FROM {outbox} o
+    SELECT o.ctid, o.key, o.seq FROM {outbox} o
     WHERE o.claim_token IS NULL AND o.available_at <= now()
-      AND (o.key IS NULL OR (
-            NOT EXISTS (SELECT 1 FROM {outbox} l
-                        WHERE l.key = o.key AND l.claim_token IS NOT NULL AND l.seq < o.seq)
-        AND NOT EXISTS (SELECT 1 FROM {outbox} w
-                        WHERE w.key = o.key AND w.available_at > now() AND w.seq < o.seq)))
+      AND (o.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM (SELECT h.claim_token, h.available_at FROM {outbox} h
+                           WHERE h.key = o.key ORDER BY h.seq LIMIT 1) head
+            WHERE head.claim_token IS NOT NULL OR head.available_at > now()))
     ORDER BY o.seq
     LIMIT $1
     FOR UPDATE SKIP LOCKED
-), runs AS (
-    SELECT key, count(*) AS n, max(seq) AS last FROM candidates
-    WHERE key IS NOT NULL GROUP BY key
-), whole_runs AS (
-    SELECT r.key FROM runs r
-    WHERE (SELECT count(*) FROM {outbox} k WHERE k.key = r.key AND k.seq <= r.last) = r.n
+), ranked AS (
+    SELECT ctid, key, seq, row_number() OVER (PARTITION BY key ORDER BY seq) AS rank
+    FROM candidates WHERE key IS NOT NULL
 )
 UPDATE {outbox} AS o
 SET claim_token = $2, locked_by = $3, locked_until = now() + make_interval(secs => $4)
-FROM candidates c
-WHERE o.id = c.id AND (c.key IS NULL OR c.key IN (SELECT key FROM whole_runs))
+WHERE o.ctid = ANY(ARRAY(
+    SELECT ctid FROM candidates WHERE key IS NULL
+    UNION ALL
+    SELECT r.ctid FROM ranked r
+    WHERE (SELECT count(*) FROM {outbox} k WHERE k.key = r.key AND k.seq <= r.seq) = r.rank))
 RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.headers::text,
           o.created_at, o.available_at, o.attempts
 
@@ -90,6 +92,8 @@ SELECT id, topic, key, type, payload, content_type, headers, created_at, reason,
 FROM moved
 
 -- name: release_expired
+-- No index covers claim_token (see the fillfactor note in the schema): this scans the table,
+-- which is why relays run it only every half lease.
 UPDATE {outbox}
 SET claim_token = NULL, locked_by = NULL, locked_until = NULL,
     last_error = 'lease of relay ' || locked_by || ' expired'

@@ -19,10 +19,8 @@ CREATE TABLE {outbox} (
     locked_by     TEXT,
     locked_until  REAL
 );
-CREATE INDEX "{t}_claimable" ON {outbox} (seq) WHERE claim_token IS NULL;
+-- seq is the rowid: claims walk the table in write order. Ordered claims probe this index.
 CREATE INDEX "{t}_key_seq" ON {outbox} (key, seq) WHERE key IS NOT NULL;
-CREATE INDEX "{t}_leased" ON {outbox} (key, seq) WHERE claim_token IS NOT NULL;
-CREATE INDEX "{t}_key_available" ON {outbox} (key, available_at) WHERE key IS NOT NULL;
 
 CREATE TABLE {dead_letters} (
     dl_seq            INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -19,19 +19,23 @@ RETURNING id, seq, topic, key, type, payload, content_type, headers, created_at,
 
 -- name: claim_ordered
 -- See the PostgreSQL query of the same name. SQLite claims are serialized by BEGIN IMMEDIATE,
--- so no other relay can be claiming concurrently and the first step suffices.
+-- so no other relay can be claiming concurrently: no SKIP LOCKED gaps, only delayed rows.
 UPDATE {outbox}
 SET claim_token = :token, locked_by = :relay,
     locked_until = (julianday('now') - 2440587.5) * 86400.0 + :lease
 WHERE seq IN (
     SELECT o.seq FROM {outbox} o
     WHERE o.claim_token IS NULL AND o.available_at <= (julianday('now') - 2440587.5) * 86400.0
-      AND (o.key IS NULL OR (
-            NOT EXISTS (SELECT 1 FROM {outbox} l
-                        WHERE l.key = o.key AND l.claim_token IS NOT NULL AND l.seq < o.seq)
-        AND NOT EXISTS (SELECT 1 FROM {outbox} w
-                        WHERE w.key = o.key AND w.seq < o.seq
-                          AND w.available_at > (julianday('now') - 2440587.5) * 86400.0)))
+      AND (o.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM (SELECT h.claim_token, h.available_at FROM {outbox} h
+                           WHERE h.key = o.key ORDER BY h.seq LIMIT 1) head
+            WHERE head.claim_token IS NOT NULL
+               OR head.available_at > (julianday('now') - 2440587.5) * 86400.0))
+      -- no gap (a delayed row) between the key's head and this row
+      AND (o.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {outbox} g
+            WHERE g.key = o.key AND g.seq < o.seq
+              AND g.available_at > (julianday('now') - 2440587.5) * 86400.0))
     ORDER BY o.seq LIMIT :limit)
 RETURNING id, seq, topic, key, type, payload, content_type, headers, created_at, available_at,
           attempts

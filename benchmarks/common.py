@@ -1,0 +1,110 @@
+"""Shared benchmark helpers: a fresh schema, a pre-filled outbox, a timed drain.
+
+Every benchmark writes to its own PostgreSQL schema (dropped afterwards) and reports msg/s.
+Figures are meant to be compared within one run (ratios), not across machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+import outboxer
+from outboxer.config import RelaySettings, TableNames
+from outboxer.errors import PublishError
+from outboxer.message import Message
+from outboxer.relay import Relay
+from outboxer.stores.postgres import PostgresStore
+
+PG_URL = os.environ.get("OUTBOXER_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+RESULTS = Path(__file__).parent / "results"
+PAYLOAD = {
+    "order_id": 0,
+    "customer": "c-000000",
+    "total": 99.95,
+    "currency": "EUR",
+    "items": [{"sku": "SKU-0001", "qty": 2}],
+}  # ≈120 bytes of JSON, like DESIGN's runs
+
+
+class NullPublisher:
+    """Acknowledges everything at once: the relay's ceiling on the database side."""
+
+    async def __aenter__(self) -> NullPublisher:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+    async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+        return [None] * len(messages)
+
+
+@contextlib.asynccontextmanager
+async def fresh_schema(name: str) -> AsyncIterator[str]:
+    conn = await asyncpg.connect(PG_URL)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        yield name
+    finally:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        await conn.close()
+
+
+async def fill(
+    schema: str,
+    count: int,
+    *,
+    topic: str = "orders",
+    keys: int | None = 1000,
+    payload: dict[str, Any] | None = None,
+) -> list[str]:
+    """Commit ``count`` messages (key = n % keys) and ANALYZE, outside the timed section."""
+    outbox = outboxer.Outbox(schema=schema)
+    body = payload or PAYLOAD
+    rows = [
+        tuple(
+            outbox.row(
+                topic,
+                {**body, "order_id": n},
+                key=(n % keys) if keys else None,
+                type="OrderCreated",
+            )
+        )
+        for n in range(count)
+    ]
+    conn = await asyncpg.connect(PG_URL)
+    try:
+        await conn.executemany(outbox.insert_sql("postgres", "numeric"), rows)
+        await conn.execute(f'VACUUM ANALYZE "{schema}".outbox')
+    finally:
+        await conn.close()
+    return [r[0] for r in rows]
+
+
+async def drain_rate(schema: str, publisher: Any, settings: RelaySettings, count: int) -> float:
+    """msg/s of one relay draining a pre-filled outbox of ``count`` messages."""
+    async with PostgresStore(PG_URL, TableNames(schema=schema)) as store:
+        relay = Relay(store, publisher, settings)
+        started = time.perf_counter()
+        counters = await relay.drain(timeout=600)
+        elapsed = time.perf_counter() - started
+    if counters.published != count:
+        raise RuntimeError(f"published {counters.published} of {count}")
+    return count / elapsed
+
+
+def save(name: str, result: dict[str, Any]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    result = {"machine": f"{platform.node()} {os.cpu_count()} cpu", **result}
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
