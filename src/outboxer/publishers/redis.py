@@ -1,0 +1,467 @@
+"""Redis Streams publisher: every message becomes one stream entry (``XADD``).
+
+The stream is the message topic. A batch is one pipeline (``transaction=False``) on one pooled
+connection: every ``XADD`` is written in a single send and the replies are read back together,
+so a batch of 500 costs one round trip. An entry counts as acknowledged only once its ``XADD``
+reply (the new entry id) has been read. Commands on one connection run in the order they were
+written, so messages of the same key keep their write order within a call; concurrent calls use
+different pooled connections (the relay never puts one key in two concurrent calls).
+
+Wire format::
+
+    XADD <topic> [MAXLEN ~ <maxlen>] * id <id> [type <type>] [key <key>] payload <bytes>
+         headers <json object> content_type <mime type>
+
+================  ========================================================================
+field             value
+================  ========================================================================
+``id``            the outbox message id (UUIDv7 string): consumers deduplicate on it
+``type``          event type; **omitted** when the message has no type
+``key``           ordering key; **omitted** when the message has no key (an empty string
+                  is a real, empty key)
+``payload``       the payload bytes, unchanged (may be binary; see ``content_type``)
+``headers``       user headers as a JSON object, ``{}`` when there are none
+``content_type``  MIME type of ``payload`` (an addition to the DESIGN table)
+================  ========================================================================
+
+The stream entry id (``<ms>-<seq>``) is chosen by Redis (``*``). With ``?maxlen=N`` each
+``XADD`` trims the stream to about ``N`` entries (``MAXLEN ~ N``: Redis only drops whole
+internal nodes, so the stream may keep somewhat more than ``N``).
+
+URL::
+
+    redis://[[user]:password@]host[:port][/db][?maxlen=N&connect_timeout=S&socket_timeout=S
+          &max_connections=N&client_name=NAME]
+    rediss://...   TLS; also ?ssl_ca_certs=PATH&ssl_cert_reqs=required|optional|none
+
+Error classification:
+
+=========================================================  ===========================
+failure                                                    result
+=========================================================  ===========================
+connection refused, reset or closed; DNS or TLS failure    ``BrokerUnavailable``
+connect or socket timeout (``connect_timeout``,            ``BrokerUnavailable``
+``socket_timeout``)
+handshake refused: wrong password (``WRONGPASS``),         ``BrokerUnavailable``
+``NOAUTH``, ``SELECT`` of a db out of range, ``LOADING``,
+max clients reached
+no pooled connection free within connect + socket timeout  ``BrokerUnavailable``
+reply ``READONLY`` (a failover left us on a replica),      ``BrokerUnavailable``
+``OOM``, ``BUSY``, ``MISCONF``, ``MASTERDOWN``,
+``CLUSTERDOWN``, ``TRYAGAIN``, ``NOREPLICAS``
+reply ``WRONGTYPE`` (the key is not a stream)              ``PermanentPublishError``
+reply ``NOPERM`` (an ACL forbids the stream)               ``PermanentPublishError``
+reply ``MOVED``, ``ASK``, ``CROSSSLOT`` (Redis Cluster is  ``PermanentPublishError``
+not supported: use a standalone or Sentinel primary)
+topic/key/type/id not encodable as UTF-8, headers not      ``PermanentPublishError``
+JSON-serializable, payload over Redis' 512 MiB bulk limit
+any other error reply                                      ``RetryablePublishError``
+=========================================================  ===========================
+
+Broker-wide failures report ``BrokerUnavailable`` for the messages of the call, and idle pooled
+connections are dropped, so the next ``publish`` opens a fresh connection. redis-py's own
+retries are turned off (``Retry(NoBackoff(), 0)``): one connection attempt per call, the relay
+paces the calls. After a failure in the middle of a pipeline some entries may already be in the
+stream; they are published again later (the at-least-once duplicates consumers drop by ``id``).
+A pooled connection that the server closed an instant before a call (``CLIENT KILL``, a
+restart) may only be noticed by that call, which then reports ``BrokerUnavailable`` once; idle
+connections closed earlier are detected when taken from the pool and replaced transparently.
+
+Passwords never appear in ``repr``, log lines or error messages (see
+:meth:`RedisSettings.safe_url`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, overload
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from redis.asyncio import BlockingConnectionPool, Redis, SSLConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    AskError,
+    ClusterCrossSlotError,
+    ClusterDownError,
+    NoPermissionError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    TryAgainError,
+)
+
+from outboxer.errors import (
+    BrokerUnavailable,
+    ConfigurationError,
+    PermanentPublishError,
+    PublishError,
+    RetryablePublishError,
+)
+from outboxer.message import Message
+
+__all__ = ["RedisPublisher", "RedisSettings"]
+
+DEFAULT_PORT = 6379
+
+#: Redis refuses bulk strings larger than ``proto-max-bulk-len`` (512 MiB by default) by
+#: closing the connection; checked beforehand so such a message cannot stall its batch forever.
+MAX_PAYLOAD_BYTES = 512 * 1024 * 1024
+
+_QUERY_PARAMETERS = (
+    "maxlen",
+    "connect_timeout",
+    "socket_timeout",
+    "max_connections",
+    "client_name",
+    "ssl_ca_certs",
+    "ssl_cert_reqs",
+)
+_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+
+#: Error reply codes that describe the server, not the message: back off as a whole.
+_BROKER_WIDE_CODES = frozenset(
+    {"READONLY", "OOM", "BUSY", "MISCONF", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS"}
+)
+_BROKER_WIDE_ERRORS = (ReadOnlyError, OutOfMemoryError, ClusterDownError, TryAgainError)
+#: Error reply codes that can never succeed for this message's stream.
+_PERMANENT_CODES = frozenset({"WRONGTYPE", "NOPERM", "MOVED", "ASK", "CROSSSLOT"})
+_PERMANENT_ERRORS = (NoPermissionError, AskError, ClusterCrossSlotError)
+
+_XADD = b"XADD"
+_AUTO_ID = b"*"
+_F_ID, _F_TYPE, _F_KEY = b"id", b"type", b"key"
+_F_PAYLOAD, _F_HEADERS, _F_CONTENT_TYPE = b"payload", b"headers", b"content_type"
+_NO_HEADERS = b"{}"
+#: One shared encoder: ``json.dumps`` with non-default arguments builds a new one per call.
+_encode_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
+@dataclass(frozen=True, slots=True)
+class RedisSettings:
+    """Where and how to connect, parsed from a ``redis://`` or ``rediss://`` URL.
+
+    Build one with :meth:`from_url` and adjust it with :func:`dataclasses.replace`.
+
+    Attributes:
+        host: Server host name or address.
+        port: Server port.
+        db: Database number (``SELECT``); streams live in it.
+        username: ACL user (Redis 6+), or None for the default user.
+        password: Password; never shown by ``repr`` or in errors.
+        tls: Connect with TLS (``rediss://``).
+        maxlen: Trim each stream to about this many entries on every ``XADD``; None keeps all.
+        connect_timeout: Seconds to open a connection (TCP, TLS and handshake).
+        socket_timeout: Seconds to wait for a pipeline's replies before the broker counts as
+            unavailable.
+        max_connections: Pooled connections; one per concurrent ``publish`` call.
+        client_name: ``CLIENT SETNAME`` value, so operators can spot the relay in ``CLIENT LIST``.
+        ssl_ca_certs: CA bundle that signs the server certificate (TLS only).
+        ssl_cert_reqs: Server certificate check: ``required``, ``optional`` or ``none``.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    maxlen: int | None = None
+    connect_timeout: float = 5.0
+    socket_timeout: float = 5.0
+    max_connections: int = 16
+    client_name: str | None = "outboxer"
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: str = "required"
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise ConfigurationError("redis URL: a host is required, e.g. redis://127.0.0.1:6379/0")
+        if not 0 < self.port < 65536:
+            raise ConfigurationError(f"redis URL: port {self.port} is out of range")
+        if self.db < 0:
+            raise ConfigurationError(f"redis URL: database number {self.db} must be >= 0")
+        if self.maxlen is not None and self.maxlen < 1:
+            raise ConfigurationError(f"redis URL: maxlen={self.maxlen} must be a positive integer")
+        for name in ("connect_timeout", "socket_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigurationError(f"redis URL: {name} must be a positive number of seconds")
+        if self.max_connections < 1:
+            raise ConfigurationError("redis URL: max_connections must be at least 1")
+        if self.client_name is not None and (
+            not self.client_name.isprintable() or " " in self.client_name
+        ):
+            # Redis refuses such a name in CLIENT SETNAME, which would fail every connection.
+            raise ConfigurationError("redis URL: client_name must not contain spaces")
+        if self.ssl_cert_reqs not in _CERT_REQS:
+            raise ConfigurationError(
+                f"redis URL: ssl_cert_reqs={self.ssl_cert_reqs!r}: use required, optional or none"
+            )
+        if not self.tls and self.ssl_ca_certs is not None:
+            raise ConfigurationError("redis URL: ssl_ca_certs needs a rediss:// (TLS) URL")
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisSettings:
+        """Parse ``redis://[[user]:password@]host[:port][/db][?options]`` (or ``rediss://``).
+
+        Raises:
+            ConfigurationError: one readable line naming the problem; the password is never
+                part of it.
+        """
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in ("redis", "rediss"):
+            raise ConfigurationError(
+                f"not a Redis URL (scheme {scheme or 'missing'}): use redis:// or rediss://"
+            )
+        try:
+            port = parts.port
+        except ValueError:
+            raise ConfigurationError(
+                "redis URL: the port must be a number from 1 to 65535"
+            ) from None
+        path = parts.path.strip("/")
+        if path and not path.isdigit():
+            raise ConfigurationError(
+                f"redis URL: the path must be a database number such as /0, not /{path}"
+            )
+        if parts.fragment:
+            raise ConfigurationError("redis URL: a #fragment is not allowed")
+        query = parse_qs(parts.query, keep_blank_values=True)
+        unknown = sorted(set(query) - set(_QUERY_PARAMETERS))
+        if unknown:
+            raise ConfigurationError(
+                f"redis URL: unknown option {unknown[0]!r}; known options: "
+                + ", ".join(_QUERY_PARAMETERS)
+            )
+        options: dict[str, str] = {}
+        for name, values in query.items():
+            if len(values) > 1:
+                raise ConfigurationError(f"redis URL: option {name!r} is given more than once")
+            options[name] = values[0]
+        return cls(
+            host=parts.hostname or "",
+            port=port or DEFAULT_PORT,
+            db=int(path) if path else 0,
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password is not None else None,
+            tls=scheme == "rediss",
+            maxlen=_int_option(options, "maxlen"),
+            connect_timeout=_float_option(options, "connect_timeout", 5.0),
+            socket_timeout=_float_option(options, "socket_timeout", 5.0),
+            max_connections=_int_option(options, "max_connections", 16),
+            client_name=options.get("client_name", "outboxer") or None,
+            ssl_ca_certs=options.get("ssl_ca_certs") or None,
+            ssl_cert_reqs=options.get("ssl_cert_reqs", "required"),
+        )
+
+    def safe_url(self) -> str:
+        """The server's URL for log lines and errors: the password is replaced by ``***``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        user = self.username or ""
+        credentials = f"{user}:***@" if self.password is not None else (f"{user}@" if user else "")
+        return f"{'rediss' if self.tls else 'redis'}://{credentials}{host}:{self.port}/{self.db}"
+
+
+@overload
+def _int_option(options: dict[str, str], name: str) -> int | None: ...
+@overload
+def _int_option(options: dict[str, str], name: str, default: int) -> int: ...
+def _int_option(options: dict[str, str], name: str, default: int | None = None) -> int | None:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(f"redis URL: {name}={raw!r} is not an integer") from None
+
+
+def _float_option(options: dict[str, str], name: str, default: float) -> float:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigurationError(f"redis URL: {name}={raw!r} is not a number of seconds") from None
+
+
+class RedisPublisher:
+    """Appends messages to Redis Streams, one pipelined ``XADD`` per message.
+
+    The publisher owns its connection pool: ``async with`` creates it (without connecting, so a
+    relay can start while Redis is down) and closes it. Connections are opened on demand by
+    ``publish`` and replaced after a failure. Settings not in the URL (or a password kept out of
+    it) are given with :func:`dataclasses.replace`::
+
+        settings = replace(RedisSettings.from_url(url), password=os.environ["REDIS_PASSWORD"])
+        async with RedisPublisher(settings) as publisher: ...
+    """
+
+    def __init__(self, settings: RedisSettings | str) -> None:
+        """Take parsed settings, or a ``redis://``/``rediss://`` URL to parse."""
+        if isinstance(settings, str):
+            settings = RedisSettings.from_url(settings)
+        self.settings = settings
+        self._client: Redis | None = None
+        # MAXLEN ~ N: approximate trimming lets Redis drop whole radix-tree nodes, which is
+        # O(1) amortised; exact trimming would cost a node split on nearly every XADD.
+        self._trim: tuple[bytes, ...] = (
+            (b"MAXLEN", b"~", str(settings.maxlen).encode()) if settings.maxlen else ()
+        )
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisPublisher:
+        """``redis://host:port/db?maxlen=N`` or ``rediss://...``; see :class:`RedisSettings`."""
+        return cls(RedisSettings.from_url(url))
+
+    def __repr__(self) -> str:
+        return f"RedisPublisher({self.settings.safe_url()!r})"
+
+    async def __aenter__(self) -> RedisPublisher:
+        if self._client is not None:
+            return self  # already open: entering twice must not leak the first pool
+        settings = self.settings
+        tls: dict[str, Any] = {}
+        if settings.tls:
+            tls = {
+                "connection_class": SSLConnection,
+                "ssl_ca_certs": settings.ssl_ca_certs,
+                "ssl_cert_reqs": _CERT_REQS[settings.ssl_cert_reqs],
+            }
+        pool = BlockingConnectionPool(
+            host=settings.host,
+            port=settings.port,
+            db=settings.db,
+            username=settings.username,
+            password=settings.password,
+            client_name=settings.client_name,
+            socket_connect_timeout=settings.connect_timeout,
+            socket_timeout=settings.socket_timeout,
+            socket_keepalive=True,
+            # No retries inside redis-py: one connection attempt per publish call, the relay
+            # backs off between calls (redis-py's default would retry 10 times per command).
+            retry=Retry(NoBackoff(), 0),
+            max_connections=settings.max_connections,
+            # Waiting for a free pooled connection is bounded by how long a busy one can take.
+            timeout=settings.connect_timeout + settings.socket_timeout,
+            **tls,
+        )
+        self._client = Redis.from_pool(pool)  # the client owns the pool and closes it
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+        client = self._client
+        if client is None:
+            raise RuntimeError("RedisPublisher is not open: use 'async with publisher:'")
+        results: list[PublishError | None] = [None] * len(messages)
+        pipe = client.pipeline(transaction=False)
+        sent: list[int] = []
+        for index, message in enumerate(messages):
+            try:
+                command = self._xadd(message)
+            except (UnicodeEncodeError, TypeError, ValueError) as exc:
+                results[index] = PermanentPublishError(
+                    f"cannot encode message for Redis: {type(exc).__name__}: {exc}"
+                )
+                continue
+            pipe.execute_command(*command)
+            sent.append(index)
+        if not sent:
+            return results
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except (RedisError, OSError) as exc:
+            # Anything raised (rather than returned per command) concerns the connection or
+            # the server as a whole: connect/handshake/auth failures, resets, timeouts.
+            outage = BrokerUnavailable(
+                f"redis at {self.settings.safe_url()} is unavailable: {self._describe(exc)}"
+            )
+            for index in sent:
+                results[index] = outage
+            await self._drop_idle_connections()
+            return results
+        broker_down = False
+        for index, reply in zip(sent, replies, strict=True):
+            if isinstance(reply, Exception):
+                error = self._classify(messages[index], reply)
+                broker_down = broker_down or isinstance(error, BrokerUnavailable)
+                results[index] = error
+        if broker_down:
+            # READONLY after a failover: reconnect (DNS/Sentinel may point elsewhere now).
+            await self._drop_idle_connections()
+        return results
+
+    def _xadd(self, message: Message) -> tuple[bytes, ...]:
+        """The ``XADD`` arguments, pre-encoded so that an unencodable message fails alone."""
+        if len(message.payload) > MAX_PAYLOAD_BYTES:
+            raise ValueError(f"payload of {len(message.payload)} bytes exceeds Redis' 512 MiB")
+        head = (_XADD, message.topic.encode(), *self._trim, _AUTO_ID, _F_ID, message.id.encode())
+        if message.type is not None:
+            head += (_F_TYPE, message.type.encode())
+        if message.key is not None:
+            head += (_F_KEY, message.key.encode())
+        headers = message.headers
+        encoded_headers = (
+            _encode_json(headers if type(headers) is dict else dict(headers)).encode()
+            if headers
+            else _NO_HEADERS
+        )
+        return (
+            *head,
+            _F_PAYLOAD,
+            message.payload,
+            _F_HEADERS,
+            encoded_headers,
+            _F_CONTENT_TYPE,
+            message.content_type.encode(),
+        )
+
+    def _classify(self, message: Message, reply: Exception) -> PublishError:
+        """Turn one ``XADD`` error reply into what the relay should do with the message."""
+        code = _error_code(reply)
+        text = f"redis refused XADD to stream {message.topic!r}: {self._describe(reply)}"
+        if isinstance(reply, _BROKER_WIDE_ERRORS) or code in _BROKER_WIDE_CODES:
+            return BrokerUnavailable(f"redis at {self.settings.safe_url()}: {text}")
+        if isinstance(reply, _PERMANENT_ERRORS) or code in _PERMANENT_CODES:
+            if code in ("MOVED", "ASK", "CROSSSLOT"):
+                text += " (Redis Cluster is not supported: use a standalone or Sentinel primary)"
+            return PermanentPublishError(text)
+        return RetryablePublishError(text)
+
+    def _describe(self, exc: BaseException) -> str:
+        """``Type: message`` of a driver error, with the password scrubbed in any case."""
+        code = _error_code(exc)
+        text = str(exc)
+        if code and not text.startswith(code):
+            text = f"{code} {text}"  # redis-py strips known codes (READONLY, NOPERM...)
+        password = self.settings.password
+        if password:
+            text = text.replace(password, "***")
+        return f"{type(exc).__name__}: {text}"
+
+    async def _drop_idle_connections(self) -> None:
+        """Close idle pooled connections so that the next call connects afresh."""
+        if self._client is not None:
+            # Closing a dead socket may fail; it is gone either way.
+            with contextlib.suppress(RedisError, OSError):
+                await self._client.connection_pool.disconnect(inuse_connections=False)
+
+
+def _error_code(exc: BaseException) -> str:
+    """The Redis error code (``WRONGTYPE``, ``READONLY``...) of an error reply."""
+    code = getattr(exc, "status_code", None)
+    if isinstance(code, str) and code:
+        return code
+    first = str(exc).split(" ", 1)[0]
+    return first if first.isupper() else ""
