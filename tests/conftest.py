@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -72,6 +72,27 @@ async def pg_store(pg_url: str, pg_schema: str) -> AsyncIterator[PostgresStore]:
         yield store
 
 
+async def wait_past_commit_gate(store: PostgresStore, timeout: float = 10.0) -> None:
+    """Wait until every committed outbox row has passed the commit-order gate.
+
+    Ordered claims take a row only once no transaction older than the row's is running
+    anywhere in the cluster; tests running in parallel keep short transactions open, so a test
+    that expects its rows claimable at once waits for that instant first.
+    """
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout
+    query = (
+        "SELECT coalesce(bool_and(txid IS NULL OR txid < pg_snapshot_xmin(pg_current_snapshot()))"
+        ", true) FROM {outbox}"
+    )
+    while not (await store.execute(query))[0][0]:
+        if time.monotonic() > deadline:
+            raise AssertionError("outbox rows stayed behind the commit-order gate")
+        await asyncio.sleep(0.005)
+
+
 @pytest.fixture
 def sqlite_path(tmp_path: Path) -> Path:
     return tmp_path / "outbox.db"
@@ -85,5 +106,5 @@ async def sqlite_store(sqlite_path: Path) -> AsyncIterator[SqliteStore]:
 
 
 @pytest.fixture
-def topic() -> Iterator[str]:
+def topic() -> str:
     return unique_name("topic").replace("_", "-")

@@ -535,6 +535,90 @@ def demo(database: str | None) -> None:
     _run(demo_module.run(database))
 
 
+# -- serve -------------------------------------------------------------------------------------
+
+
+@main.command()
+@database_options
+@click.option(
+    "--host",
+    envvar="OUTBOXER_HOST",
+    show_envvar=True,
+    default="127.0.0.1",
+    show_default=True,
+    help="Interface to listen on (0.0.0.0 for every interface).",
+)
+@click.option(
+    "--port",
+    envvar="OUTBOXER_PORT",
+    show_envvar=True,
+    default=8080,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+)
+@click.option(
+    "--admin-token",
+    envvar="OUTBOXER_ADMIN_TOKEN",
+    show_envvar=True,
+    default=None,
+    help="Bearer token required on /api/; without it reads are open and replay/delete refused.",
+)
+@click.option(
+    "--ready-max-age",
+    envvar="OUTBOXER_READY_MAX_AGE",
+    show_envvar=True,
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(0.001, None),
+    help="/readyz fails when the oldest pending message is older (seconds).",
+)
+@click.option(
+    "--ready-min-relays",
+    envvar="OUTBOXER_READY_MIN_RELAYS",
+    show_envvar=True,
+    default=1,
+    show_default=True,
+    type=click.IntRange(0, None),
+    help="/readyz fails with fewer live relays (0: do not check).",
+)
+def serve(
+    database_url: str,
+    schema: str | None,
+    table: str,
+    host: str,
+    port: int,
+    admin_token: str | None,
+    ready_max_age: float,
+    ready_min_relays: int,
+) -> None:
+    """Admin HTTP API, Prometheus /metrics and the dashboard at /."""
+    try:
+        from outboxer.admin import create_app
+        from outboxer.admin.server import listen, serve_app
+    except ImportError as exc:
+        _fail(f"the admin server needs its extra: pip install 'outboxer[admin]' ({exc})")
+    names = _names(schema, table)
+    try:
+        listener = listen(host, port)  # before the database: a taken port is one line too
+    except OSError as exc:
+        _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+
+    async def main() -> None:
+        async with _open_store(database_url, names) as store:
+            app = create_app(
+                store,
+                token=admin_token,
+                ready_max_age=ready_max_age,
+                ready_min_relays=ready_min_relays,
+            )
+            await serve_app(app, listener)
+
+    try:
+        _run(main())
+    finally:
+        listener.close()
+
+
 def run() -> None:
     """Console entry point: usage errors become one line too (click prints three)."""
     try:

@@ -95,6 +95,10 @@ class RelaySettings:
         min_poll_interval: First idle wait; doubles up to ``poll_interval``.
         heartbeat_interval: How often the relay refreshes its registry row and reaps leases.
         shutdown_timeout: On stop, how long in-flight batches may take before being released.
+        sweep_interval: How often one of the relays sweeps (DESIGN: every minute).
+        sweep_batch_size: Rows a sweep handles per kind (DESIGN: batches of 50).
+        dead_letter_retention: Dead letters older than this many seconds are purged by the
+            sweeper; 0 keeps them forever.
         relay_id: Name of this instance; defaults to ``hostname:pid:random``.
     """
 
@@ -109,6 +113,9 @@ class RelaySettings:
     min_poll_interval: float = 0.05
     heartbeat_interval: float = 5.0
     shutdown_timeout: float = 30.0
+    sweep_interval: float = 60.0
+    sweep_batch_size: int = 50
+    dead_letter_retention: float = 30 * 86400.0
     relay_id: str | None = None
 
     def __post_init__(self) -> None:
@@ -121,6 +128,9 @@ class RelaySettings:
             "min_poll_interval": 0 < self.min_poll_interval <= self.poll_interval,
             "heartbeat_interval": 0 < self.heartbeat_interval < self.lease_seconds,
             "shutdown_timeout": self.shutdown_timeout >= 0,
+            "sweep_interval": self.sweep_interval > 0,
+            "sweep_batch_size": self.sweep_batch_size >= 1,
+            "dead_letter_retention": self.dead_letter_retention >= 0,
         }
         for name, ok in checks.items():
             if not ok:

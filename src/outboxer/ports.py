@@ -24,6 +24,7 @@ __all__ = [
     "Publisher",
     "RelayInfo",
     "Retry",
+    "SweepReport",
     "Settlement",
     "Store",
 ]
@@ -163,15 +164,46 @@ class RelayInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class SweepReport:
+    """What the last sweep did (persisted; see ``Store.sweep``)."""
+
+    started_at: dt.datetime
+    completed_at: dt.datetime
+    swept_by: str
+    publish_retries: int
+    publish_failures: int
+    consume_retries: int
+    consume_failures: int
+    purged: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "started_at": self.started_at.isoformat(),
+            "completed_at": self.completed_at.isoformat(),
+            "swept_by": self.swept_by,
+            "publish_retries": self.publish_retries,
+            "publish_failures": self.publish_failures,
+            "consume_retries": self.consume_retries,
+            "consume_failures": self.consume_failures,
+            "purged": self.purged,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class OutboxStats:
-    """What ``outboxer stats`` and ``GET /api/stats`` report."""
+    """What ``outboxer stats`` and ``GET /api/stats`` report.
+
+    ``unowned_in_flight`` (an addition to DESIGN's shape) counts messages leased by a relay whose
+    heartbeat stopped: work nobody owns until the lease expires and the sweeper takes it back.
+    """
 
     pending: int
     in_flight: int
     dead_letters: int
     oldest_pending_age_seconds: float | None
     relays: Sequence[RelayInfo] = ()
-    last_sweep: Mapping[str, Any] | None = None
+    last_sweep: SweepReport | None = None
+    unowned_in_flight: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -180,7 +212,8 @@ class OutboxStats:
             "dead_letters": self.dead_letters,
             "oldest_pending_age_seconds": self.oldest_pending_age_seconds,
             "relays": [relay.to_json() for relay in self.relays],
-            "last_sweep": dict(self.last_sweep) if self.last_sweep is not None else None,
+            "last_sweep": self.last_sweep.to_json() if self.last_sweep is not None else None,
+            "unowned_in_flight": self.unowned_in_flight,
         }
 
 
@@ -207,8 +240,21 @@ class Store(Protocol):
         """Make messages whose lease ran out claimable again; return how many."""
         ...
 
-    async def wait_for_messages(self, timeout: float) -> None:
-        """Return when new messages may have been committed, or after ``timeout`` seconds."""
+    async def sweep(
+        self, *, sweeper: str, interval: float, retention_seconds: float, batch_size: int
+    ) -> SweepReport | None:
+        """Run one sweep unless another instance is sweeping or the last one is younger than
+        ``interval`` seconds (then return ``None``). Only one instance sweeps at a time (a
+        database lock); the report is persisted. Dead letters older than
+        ``retention_seconds`` (0 = keep) are purged, ``batch_size`` at a time."""
+        ...
+
+    async def last_sweep(self) -> SweepReport | None:
+        """The persisted report of the last completed sweep."""
+        ...
+
+    async def wait_for_messages(self, timeout: float) -> bool:
+        """Return True when new messages may have been committed, False after ``timeout``."""
         ...
 
     async def heartbeat(self, relay: RelayInfo) -> None:

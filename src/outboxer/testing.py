@@ -14,7 +14,6 @@ adapters (outboxer's own contract tests run against them too), so application co
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import os
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ from outboxer.ports import (
     OutboxStats,
     RelayInfo,
     Settlement,
+    SweepReport,
 )
 from outboxer.stores._common import check_limit, decode_headers, parse_cursor
 
@@ -60,6 +60,8 @@ class InMemoryStore:
         self._rows: dict[str, _Row] = {}
         self._dead: dict[str, tuple[int, DeadLetter]] = {}
         self._relays: dict[str, RelayInfo] = {}
+        self._last_sweep: SweepReport | None = None
+        self._released_since_sweep = 0
         self._seq = 0
         self._doorbell = asyncio.Event()
         self._outbox = Outbox()
@@ -176,12 +178,54 @@ class InMemoryStore:
         for row in expired:
             row.last_error = f"lease of relay {row.locked_by} expired"
             row.token, row.locked_by, row.locked_until = None, None, None
+        self._released_since_sweep += len(expired)
         return len(expired)
 
-    async def wait_for_messages(self, timeout: float) -> None:
-        with contextlib.suppress(TimeoutError):
+    async def sweep(
+        self, *, sweeper: str, interval: float, retention_seconds: float, batch_size: int
+    ) -> SweepReport | None:
+        now = _now()
+        last = self._last_sweep
+        if last is not None and (now - last.started_at).total_seconds() < interval:
+            return None
+        since = last.started_at if last is not None else dt.datetime.min.replace(tzinfo=dt.UTC)
+        purged = 0
+        if retention_seconds > 0:
+            cutoff = now - dt.timedelta(seconds=retention_seconds)
+            old = [k for k, (_, d) in self._dead.items() if d.dead_lettered_at < cutoff]
+            for k in old[:batch_size]:
+                del self._dead[k]
+                purged += 1
+
+        def failures(direction: str) -> int:
+            return sum(
+                d.direction == direction and d.dead_lettered_at >= since
+                for _, d in self._dead.values()
+            )
+
+        self._last_sweep = SweepReport(
+            started_at=now,
+            completed_at=_now(),
+            swept_by=sweeper,
+            publish_retries=self._released_since_sweep,
+            publish_failures=failures("publish"),
+            consume_retries=0,
+            consume_failures=failures("consume"),
+            purged=purged,
+        )
+        self._released_since_sweep = 0
+        return self._last_sweep
+
+    async def last_sweep(self) -> SweepReport | None:
+        return self._last_sweep
+
+    async def wait_for_messages(self, timeout: float) -> bool:
+        try:
             await asyncio.wait_for(self._doorbell.wait(), timeout)
+        except TimeoutError:
+            return False
         self._doorbell.clear()
+        return True
 
     async def heartbeat(self, relay: RelayInfo) -> None:
         self._relays[relay.relay_id] = replace(relay, heartbeat_at=_now())
@@ -193,7 +237,10 @@ class InMemoryStore:
         now = _now()
         rows = list(self._rows.values())
         oldest = min((r.message.created_at for r in rows), default=None)
+        live = {r.relay_id for r in self._relays.values() if (now - r.heartbeat_at).seconds < 15}
         return OutboxStats(
+            last_sweep=self._last_sweep,
+            unowned_in_flight=sum(r.token is not None and r.locked_by not in live for r in rows),
             pending=sum(r.token is None for r in rows),
             in_flight=sum(r.token is not None for r in rows),
             dead_letters=len(self._dead),

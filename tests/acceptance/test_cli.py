@@ -58,7 +58,7 @@ def test_help_lists_every_environment_variable(cli: Cli) -> None:
 
 def test_db_upgrade_is_idempotent_on_sqlite(cli: Cli, sqlite_url: str) -> None:
     first = cli("db", "upgrade", "--database-url", sqlite_url)
-    assert first.returncode == 0 and "upgraded to version 1" in first.stdout
+    assert first.returncode == 0 and "upgraded to version 2" in first.stdout
     again = cli("db", "upgrade", "--database-url", sqlite_url)
     assert again.returncode == 0 and "up to date" in again.stdout
 

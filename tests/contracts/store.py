@@ -217,3 +217,24 @@ class StoreContract:
         assert live.relay_id == relay.relay_id and live.pid == relay.info.pid
         await store.unregister(relay.relay_id)
         assert (await store.stats()).relays == []
+
+    async def test_sweep_reports_reaped_leases_and_new_dead_letters(
+        self, store: Any, add: Add
+    ) -> None:
+        first = await add("t", {"n": 1})
+        second = await add("t", {"n": 2})
+        await claim(store, 1, lease=0.1)
+        await asyncio.sleep(0.25)
+        assert await store.release_expired_leases() == 1
+        c = await claim(store, 2)
+        await store.settle(c, Settlement(dead=[(first, "x")], published=[second]))
+        report = await store.sweep(sweeper="me", interval=60, retention_seconds=0, batch_size=50)
+        assert report is not None
+        assert (report.swept_by, report.publish_retries, report.publish_failures) == ("me", 1, 1)
+        assert report.completed_at >= report.started_at
+        assert (
+            await store.sweep(sweeper="other", interval=60, retention_seconds=0, batch_size=50)
+            is None
+        )  # the last sweep is too recent
+        assert await store.last_sweep() == report
+        assert (await store.stats()).last_sweep == report

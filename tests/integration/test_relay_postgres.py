@@ -17,6 +17,7 @@ from outboxer.relay import Relay
 from outboxer.stores import _sql
 from outboxer.stores.postgres import PostgresStore
 from outboxer.testing import RecordingPublisher
+from tests.conftest import wait_past_commit_gate
 
 QUICK = RelaySettings(
     batch_size=500,
@@ -139,6 +140,7 @@ async def test_expired_lease_is_taken_over_and_the_old_owner_cannot_settle(
     pg_store: PostgresStore, pg_url: str, pg_schema: str
 ) -> None:
     await fill(pg_url, pg_schema, 10)
+    await wait_past_commit_gate(pg_store)
     stale = await pg_store.claim_batch(limit=10, lease_seconds=0.3, ordered=True, relay_id="dead")
     await asyncio.sleep(0.5)
     publisher = RecordingPublisher()
@@ -190,3 +192,114 @@ async def test_upgrade_is_idempotent_and_equals_a_fresh_install(
                 assert await catalog(stepwise) == reference
             finally:
                 await store.execute(f'DROP SCHEMA "{stepwise}" CASCADE')
+
+
+async def test_commit_order_gate_never_publishes_past_a_slower_older_transaction(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    """T1 writes key K first but commits last; T2 writes K after it and commits first.
+
+    Without the gate a relay would see only T2's row, take it as K's head and publish it
+    before T1's. With the gate nothing of K is published until T1 has committed, then both in
+    write order.
+    """
+    outbox = outboxer.Outbox(schema=pg_schema)
+    t1, t2 = await asyncpg.connect(pg_url), await asyncpg.connect(pg_url)
+    publisher = RecordingPublisher()
+    relay = Relay(pg_store, publisher, RelaySettings(poll_interval=0.05, min_poll_interval=0.01))
+    task = asyncio.create_task(relay.run())
+    try:
+        first = t1.transaction()
+        await first.start()
+        a = await outbox.enqueue_async(t1, "t", {"n": 1}, key="K")
+        async with t2.transaction():
+            b = await outbox.enqueue_async(t2, "t", {"n": 2}, key="K")
+        await asyncio.sleep(0.5)  # the relay polls ~10 times while T1 is open
+        assert publisher.messages == []
+        await first.commit()
+        deadline = time.monotonic() + 10
+        while len(publisher.messages) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert [m.id for m in publisher.messages] == [a, b]
+    finally:
+        relay.stop()
+        await task
+        await t1.close()
+        await t2.close()
+
+
+async def test_sweeper_persists_its_report_and_only_one_relay_sweeps(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    from outboxer.ports import Settlement
+
+    [message_id] = await fill(pg_url, pg_schema, 1)
+    await wait_past_commit_gate(pg_store)
+    claim = await pg_store.claim_batch(limit=1, lease_seconds=0.1, ordered=True, relay_id="gone")
+    await asyncio.sleep(0.3)
+    assert await pg_store.release_expired_leases() == 1
+    again = await pg_store.claim_batch(limit=1, lease_seconds=30, ordered=True, relay_id="r")
+    await pg_store.settle(again, Settlement(dead=[(message_id, "rejected")]))
+    del claim
+
+    async def sweep(name: str) -> object:
+        async with PostgresStore(pg_url, TableNames(schema=pg_schema)) as store:
+            return await store.sweep(sweeper=name, interval=60, retention_seconds=0, batch_size=50)
+
+    reports = await asyncio.gather(*(sweep(f"relay-{n}") for n in range(4)))
+    done = [r for r in reports if r is not None]
+    assert len(done) == 1, "exactly one relay swept"
+    report = done[0]
+    assert (report.publish_retries, report.publish_failures) == (1, 1)  # type: ignore[attr-defined]
+    assert (
+        await pg_store.sweep(sweeper="x", interval=60, retention_seconds=0, batch_size=50) is None
+    )
+    async with PostgresStore(pg_url, TableNames(schema=pg_schema)) as fresh:  # "a restart"
+        persisted = await fresh.last_sweep()
+        stats = await fresh.stats()
+    assert persisted == report
+    assert stats.last_sweep == report
+    assert stats.to_json()["last_sweep"]["publish_failures"] == 1
+
+
+async def test_sweeper_purges_dead_letters_past_retention_in_batches(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    from outboxer.ports import Settlement
+
+    ids = await fill(pg_url, pg_schema, 120)
+    await wait_past_commit_gate(pg_store)
+    claim = await pg_store.claim_batch(limit=120, lease_seconds=30, ordered=False, relay_id="r")
+    await pg_store.settle(claim, Settlement(dead=[(i, "bad") for i in ids]))
+    await pg_store.execute(
+        "UPDATE {dead_letters} SET dead_lettered_at = now() - interval '2 days' "
+        "WHERE id = ANY($1::text[])",
+        ids[:100],
+    )
+    report = await pg_store.sweep(
+        sweeper="s", interval=0.001, retention_seconds=86400, batch_size=50
+    )
+    assert report is not None and report.purged == 50
+    await asyncio.sleep(0.01)
+    report = await pg_store.sweep(
+        sweeper="s", interval=0.001, retention_seconds=86400, batch_size=50
+    )
+    assert report is not None and report.purged == 50
+    assert (await pg_store.stats()).dead_letters == 20  # the young ones stay
+
+
+async def test_stats_flag_work_nobody_owns(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    await fill(pg_url, pg_schema, 5)
+    await wait_past_commit_gate(pg_store)
+    publisher = RecordingPublisher()
+    live = Relay(pg_store, publisher)
+    await pg_store.heartbeat(live.info)
+    await pg_store.claim_batch(limit=2, lease_seconds=30, ordered=True, relay_id=live.relay_id)
+    await pg_store.claim_batch(limit=3, lease_seconds=30, ordered=True, relay_id="crashed")
+    stats = await pg_store.stats()
+    assert stats.in_flight == 5
+    assert stats.unowned_in_flight == 3
+    [relay] = stats.relays
+    assert (relay.relay_id, relay.in_flight) == (live.relay_id, 2)

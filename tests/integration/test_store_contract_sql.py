@@ -12,6 +12,7 @@ import pytest
 from outboxer.outbox import Outbox
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
+from tests.conftest import wait_past_commit_gate
 from tests.contracts.store import StoreContract
 
 
@@ -46,8 +47,10 @@ class TestPostgresStore(StoreContract):
             conn = await asyncpg.connect(pg_url)
             try:
                 async with conn.transaction():
-                    return await outbox.enqueue_async(conn, topic, payload, **options)
+                    message_id = await outbox.enqueue_async(conn, topic, payload, **options)
             finally:
                 await conn.close()
+            await wait_past_commit_gate(pg_store)
+            return message_id
 
         return add

@@ -29,6 +29,7 @@ from outboxer.relay import Relay
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import RecordingPublisher
+from tests.conftest import wait_past_commit_gate
 
 
 class Rollback(Exception):
@@ -264,6 +265,7 @@ async def test_payload_kinds_and_options_round_trip(
             await outbox.enqueue_async(
                 asyncpg_conn, "t", payload, key=n, type="T", headers={"n": str(n)}, id=f"id-{n}"
             )
+    await wait_past_commit_gate(pg_store)
     claim = await pg_store.claim_batch(limit=10, lease_seconds=5, ordered=True, relay_id="r")
     got = {m.id: m for m in claim.messages}
     for n, (_, body, content_type) in enumerate(payloads):

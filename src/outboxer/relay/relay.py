@@ -45,6 +45,8 @@ __all__ = ["Relay", "RelayCounters"]
 log = logging.getLogger("outboxer.relay")
 
 _MAX_REASON = 2000
+#: First wait after the doorbell rang but the claim found nothing claimable yet.
+_AFTER_DOORBELL = 0.01
 
 
 @dataclass(slots=True)
@@ -133,14 +135,20 @@ class Relay:
             self.settings.max_in_flight_batches,
             "ordered" if self.settings.ordered else "unordered",
         )
-        heart = asyncio.create_task(self._heartbeat_loop(), name="outboxer-heartbeat")
+        with contextlib.suppress(StoreError):
+            last = await self.store.last_sweep()
+            log.info("last sweep: %s", last.to_json() if last else "none yet")
+        background = [
+            asyncio.create_task(self._heartbeat_loop(), name="outboxer-heartbeat"),
+            asyncio.create_task(self._sweeper_loop(), name="outboxer-sweeper"),
+        ]
         try:
             await self._claim_loop(until_empty)
         finally:
             await self._finish_in_flight()
-            heart.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await heart
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await self.store.unregister(self.relay_id)
             log.info("relay %s stopped: %s", self.relay_id, self.counters)
@@ -201,8 +209,11 @@ class Relay:
             # wait for one of them; otherwise wait for the doorbell, polling adaptively.
             if self._in_flight:
                 await self._sleep(settings.poll_interval, in_flight=True)
+            elif await self._sleep(idle, doorbell=True):
+                # Something committed. It may still be behind the commit-order gate (an older
+                # transaction is running), so look again soon rather than after a full poll.
+                idle = min(_AFTER_DOORBELL, settings.min_poll_interval)
             else:
-                await self._sleep(idle, doorbell=True)
                 idle = min(idle * 2, settings.poll_interval)
 
     def _delivered(self, task: asyncio.Task[None]) -> None:
@@ -218,8 +229,11 @@ class Relay:
 
     async def _sleep(
         self, seconds: float, *, doorbell: bool = False, in_flight: bool = False
-    ) -> None:
-        """Sleep, returning early on stop, on the store's doorbell or when a batch finishes."""
+    ) -> bool:
+        """Sleep, returning early on stop, on the store's doorbell or when a batch finishes.
+
+        Returns True when the doorbell rang.
+        """
         own: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._stop.wait())]
         if doorbell:
             own.append(asyncio.ensure_future(self.store.wait_for_messages(seconds)))
@@ -228,6 +242,7 @@ class Relay:
             await asyncio.wait(
                 [*own, *others], timeout=seconds, return_when=asyncio.FIRST_COMPLETED
             )
+            return doorbell and own[1].done() and own[1].result() is True
         finally:
             for waiter in own:
                 waiter.cancel()
@@ -245,20 +260,35 @@ class Relay:
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def _heartbeat_loop(self) -> None:
-        """Refresh the registry row; every half lease, take back leases that ran out."""
-        reap_every = self.settings.lease_seconds / 2
-        last_reap = -reap_every
+        """Keep this relay's registry row fresh so ``stats`` shows it live."""
         while True:
             try:
                 await self.store.heartbeat(self.info)
-                if time.monotonic() - last_reap >= reap_every:
-                    last_reap = time.monotonic()
-                    released = await self.store.release_expired_leases()
-                    if released:
-                        log.warning("took back %d messages whose lease expired", released)
             except StoreError as exc:
                 log.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(self.settings.heartbeat_interval)
+
+    async def _sweeper_loop(self) -> None:
+        """Every half lease, take back expired leases; every sweep interval, one relay of all
+        (the store's lock decides which) runs the sweep and persists its report."""
+        settings = self.settings
+        tick = min(settings.lease_seconds / 2, settings.sweep_interval)
+        while True:
+            try:
+                released = await self.store.release_expired_leases()
+                if released:
+                    log.warning("took back %d messages whose lease expired", released)
+                report = await self.store.sweep(
+                    sweeper=self.relay_id,
+                    interval=settings.sweep_interval,
+                    retention_seconds=settings.dead_letter_retention,
+                    batch_size=settings.sweep_batch_size,
+                )
+                if report is not None:
+                    log.info("sweep done: %s", report.to_json())
+            except StoreError as exc:
+                log.warning("sweep failed: %s", exc)
+            await asyncio.sleep(tick)
 
     # -- one batch ---------------------------------------------------------------------------
 

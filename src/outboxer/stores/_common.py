@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from outboxer.errors import ConfigurationError
 from outboxer.message import Message
-from outboxer.ports import DeadLetter
+from outboxer.ports import DeadLetter, SweepReport
 
 
 class Row(Protocol):
@@ -56,6 +56,19 @@ def dead_letter_from_row(row: Row) -> DeadLetter:
         failure_reason=row["failure_reason"],
         attempts=row["attempts"],
         direction=row["direction"],
+    )
+
+
+def sweep_report(row: Row) -> SweepReport:
+    return SweepReport(
+        started_at=to_datetime(row["started_at"]),
+        completed_at=to_datetime(row["completed_at"]),
+        swept_by=row["swept_by"],
+        publish_retries=row["publish_retries"],
+        publish_failures=row["publish_failures"],
+        consume_retries=row["consume_retries"],
+        consume_failures=row["consume_failures"],
+        purged=row["purged"],
     )
 
 

@@ -14,7 +14,9 @@ from importlib import resources
 
 from outboxer.config import TableNames
 
-_PLACEHOLDER = re.compile(r"\{(outbox|dead_letters|relays|schema_version|notify_fn|t|channel)\}")
+_PLACEHOLDER = re.compile(
+    r"\{(outbox|dead_letters|relays|sweeps|schema_version|notify_fn|t|channel)\}"
+)
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _MIGRATION = re.compile(r"^(\d{4})_\w+\.sql$")
 
@@ -25,6 +27,7 @@ def placeholders(names: TableNames, quote: str = '"') -> dict[str, str]:
         "outbox": names.qualified(quote=quote),
         "dead_letters": names.qualified("_dead_letters", quote=quote),
         "relays": names.qualified("_relays", quote=quote),
+        "sweeps": names.qualified("_sweeps", quote=quote),
         "schema_version": names.qualified("_schema_version", quote=quote),
         "notify_fn": names.qualified("_notify", quote=quote),
         "t": names.table,

@@ -31,6 +31,7 @@ from outboxer.ports import (
     OutboxStats,
     RelayInfo,
     Settlement,
+    SweepReport,
 )
 from outboxer.stores import _sql
 from outboxer.stores._common import (
@@ -38,6 +39,7 @@ from outboxer.stores._common import (
     dead_letter_from_row,
     message_from_row,
     parse_cursor,
+    sweep_report,
 )
 
 __all__ = ["PostgresStore"]
@@ -269,17 +271,41 @@ class PostgresStore:
 
     async def release_expired_leases(self) -> int:
         async def release(conn: Conn) -> int:
-            status = await conn.execute(self._q["release_expired"])
-            return int(status.split()[-1])
+            return int(await conn.fetchval(self._q["release_expired"]))
 
         return await self._run(release)
 
-    async def wait_for_messages(self, timeout: float) -> None:
+    async def sweep(
+        self, *, sweeper: str, interval: float, retention_seconds: float, batch_size: int
+    ) -> SweepReport | None:
+        async def sweep(conn: Conn) -> SweepReport | None:
+            async with conn.transaction():
+                lock = f"{self.names.channel}:sweep"
+                if not await conn.fetchval(self._q["sweep_lock"], lock, float(interval)):
+                    return None
+                row = await conn.fetchrow(
+                    self._q["sweep"], sweeper, float(retention_seconds), batch_size
+                )
+            return sweep_report(row) if row is not None else None
+
+        return await self._run(sweep)
+
+    async def last_sweep(self) -> SweepReport | None:
+        async def read(conn: Conn) -> SweepReport | None:
+            row = await conn.fetchrow(self._q["last_sweep"])
+            return sweep_report(row) if row is not None else None
+
+        return await self._run(read)
+
+    async def wait_for_messages(self, timeout: float) -> bool:
         if self._listener is None or self._listener.is_closed():
             await self._listen()
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(self._doorbell.wait(), timeout)
+        except TimeoutError:
+            return False
         self._doorbell.clear()
+        return True
 
     async def _listen(self) -> None:
         """Hold one pooled connection for LISTEN; on failure polling carries on alone."""
@@ -315,15 +341,18 @@ class PostgresStore:
 
     async def stats(self, *, live_seconds: float = 15.0) -> OutboxStats:
         async def read(conn: Conn) -> OutboxStats:
-            row = await conn.fetchrow(self._q["stats"])
+            row = await conn.fetchrow(self._q["stats"], float(live_seconds))
             assert row is not None  # an aggregate query always returns one row
             relays = await conn.fetch(self._q["live_relays"], float(live_seconds))
+            sweep = await conn.fetchrow(self._q["last_sweep"])
             return OutboxStats(
                 pending=row["pending"],
                 in_flight=row["in_flight"],
                 dead_letters=row["dead_letters"],
                 oldest_pending_age_seconds=row["oldest_age"],
                 relays=[RelayInfo(**dict(r)) for r in relays],
+                last_sweep=sweep_report(sweep) if sweep is not None else None,
+                unowned_in_flight=row["unowned"],
             )
 
         return await self._run(read)

@@ -11,7 +11,6 @@ Ownership: the store opens and closes its own connection.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import sqlite3
@@ -31,6 +30,7 @@ from outboxer.ports import (
     OutboxStats,
     RelayInfo,
     Settlement,
+    SweepReport,
 )
 from outboxer.stores import _sql
 from outboxer.stores._common import (
@@ -38,12 +38,16 @@ from outboxer.stores._common import (
     dead_letter_from_row,
     message_from_row,
     parse_cursor,
+    sweep_report,
     to_datetime,
 )
 
 __all__ = ["SqliteStore", "path_from_url"]
 
 T = TypeVar("T")
+
+#: SQLite's clock in UTC epoch seconds, as the schema stores times.
+_NOW = "(julianday('now') - 2440587.5) * 86400.0"
 
 
 def path_from_url(url: str) -> str:
@@ -238,16 +242,56 @@ class SqliteStore:
 
     async def release_expired_leases(self) -> int:
         async def release(conn: aiosqlite.Connection) -> int:
-            cur = await conn.execute(self._q["release_expired"])
-            return cur.rowcount
+            async def work() -> int:
+                cur = await conn.execute(self._q["release_expired"])
+                released = cur.rowcount
+                if released:
+                    await conn.execute(self._q["count_released"], {"released": released})
+                return released
+
+            return await self._transaction(conn, work)
 
         return await self._run(release)
 
-    async def wait_for_messages(self, timeout: float) -> None:
+    async def sweep(
+        self, *, sweeper: str, interval: float, retention_seconds: float, batch_size: int
+    ) -> SweepReport | None:
+        async def sweep(conn: aiosqlite.Connection) -> SweepReport | None:
+            async def work() -> SweepReport | None:
+                # BEGIN IMMEDIATE holds the database's write lock: one sweeper at a time.
+                async with conn.execute(self._q["sweep_due"], {"interval": interval}) as cur:
+                    due = await cur.fetchone()
+                if due is None or not due["due"]:
+                    return None
+                async with conn.execute("SELECT " + _NOW) as cur:
+                    started = (await cur.fetchone() or [0.0])[0]
+                purge = {"retention": retention_seconds, "batch": batch_size}
+                purged = (await conn.execute(self._q["sweep_purge"], purge)).rowcount
+                params = {"purged": purged, "sweeper": sweeper, "started": started}
+                async with conn.execute(self._q["sweep"], params) as cur:
+                    row = await cur.fetchone()
+                return sweep_report(row) if row is not None else None
+
+            return await self._transaction(conn, work)
+
+        return await self._run(sweep)
+
+    async def last_sweep(self) -> SweepReport | None:
+        async def read(conn: aiosqlite.Connection) -> SweepReport | None:
+            async with conn.execute(self._q["last_sweep"]) as cur:
+                row = await cur.fetchone()
+            return sweep_report(row) if row is not None else None
+
+        return await self._run(read)
+
+    async def wait_for_messages(self, timeout: float) -> bool:
         # No cross-process notification in SQLite: the relay's adaptive polling does the work.
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(self._doorbell.wait(), timeout)
+        except TimeoutError:
+            return False
         self._doorbell.clear()
+        return True
 
     async def heartbeat(self, relay: RelayInfo) -> None:
         params = {
@@ -272,10 +316,12 @@ class SqliteStore:
 
     async def stats(self, *, live_seconds: float = 15.0) -> OutboxStats:
         async def read(conn: aiosqlite.Connection) -> OutboxStats:
-            async with conn.execute(self._q["stats"]) as cur:
+            async with conn.execute(self._q["stats"], {"live": live_seconds}) as cur:
                 row = await cur.fetchone()
             async with conn.execute(self._q["live_relays"], {"live": live_seconds}) as cur:
                 relays = await cur.fetchall()
+            async with conn.execute(self._q["last_sweep"]) as cur:
+                sweep = await cur.fetchone()
             assert row is not None
             return OutboxStats(
                 pending=row["pending"],
@@ -293,6 +339,8 @@ class SqliteStore:
                     )
                     for r in relays
                 ],
+                last_sweep=sweep_report(sweep) if sweep is not None else None,
+                unowned_in_flight=row["unowned"],
             )
 
         return await self._run(read)

@@ -39,6 +39,8 @@ RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.head
 WITH candidates AS MATERIALIZED (
     SELECT o.ctid, o.key, o.seq FROM {outbox} o
     WHERE o.claim_token IS NULL AND o.available_at <= now()
+      -- commit-order gate: no transaction older than this row's is still writing
+      AND (o.txid IS NULL OR o.txid < pg_snapshot_xmin(pg_current_snapshot()))
       AND (o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM (SELECT h.claim_token, h.available_at FROM {outbox} h
                            WHERE h.key = o.key ORDER BY h.seq LIMIT 1) head
@@ -93,11 +95,56 @@ FROM moved
 
 -- name: release_expired
 -- No index covers claim_token (see the fillfactor note in the schema): this scans the table,
--- which is why relays run it only every half lease.
-UPDATE {outbox}
-SET claim_token = NULL, locked_by = NULL, locked_until = NULL,
-    last_error = 'lease of relay ' || locked_by || ' expired'
-WHERE claim_token IS NOT NULL AND locked_until < now()
+-- which is why the sweeper runs it only every half lease. The count is kept for the next sweep.
+WITH released AS (
+    UPDATE {outbox}
+    SET claim_token = NULL, locked_by = NULL, locked_until = NULL,
+        last_error = 'lease of relay ' || locked_by || ' expired'
+    WHERE claim_token IS NOT NULL AND locked_until < now()
+    RETURNING 1
+), counted AS (
+    UPDATE {sweeps} SET released_since_sweep = released_since_sweep + (SELECT count(*) FROM released)
+    WHERE name = 'default' AND EXISTS (SELECT 1 FROM released)
+)
+SELECT count(*) AS released FROM released
+
+-- name: sweep_lock
+-- Only one sweeper at a time across all relays: a transaction-level advisory lock, released
+-- at commit (or when the sweeping relay's connection dies).
+SELECT pg_try_advisory_xact_lock(hashtext($1))
+   AND (SELECT started_at IS NULL OR started_at <= now() - make_interval(secs => $2)
+        FROM {sweeps} WHERE name = 'default')
+
+-- name: sweep
+-- One full sweep: purge dead letters past their retention (a bounded batch), record what
+-- happened since the previous sweep. Runs in the transaction holding the sweep lock.
+WITH purged AS (
+    DELETE FROM {dead_letters} WHERE dl_seq IN (
+        SELECT dl_seq FROM {dead_letters}
+        WHERE $2::float8 > 0 AND dead_lettered_at < now() - make_interval(secs => $2)
+        ORDER BY dead_lettered_at LIMIT $3)
+    RETURNING 1
+), previous AS (
+    SELECT COALESCE(started_at, '-infinity'::timestamptz) AS since
+    FROM {sweeps} WHERE name = 'default'
+)
+UPDATE {sweeps} s
+SET started_at = now(), completed_at = clock_timestamp(), swept_by = $1,
+    publish_retries = s.released_since_sweep, released_since_sweep = 0,
+    publish_failures = (SELECT count(*) FROM {dead_letters} d, previous p
+                        WHERE d.direction = 'publish' AND d.dead_lettered_at >= p.since),
+    consume_retries = 0,
+    consume_failures = (SELECT count(*) FROM {dead_letters} d, previous p
+                        WHERE d.direction = 'consume' AND d.dead_lettered_at >= p.since),
+    purged = (SELECT count(*) FROM purged)
+WHERE s.name = 'default'
+RETURNING s.started_at, s.completed_at, s.swept_by, s.publish_retries, s.publish_failures,
+          s.consume_retries, s.consume_failures, s.purged
+
+-- name: last_sweep
+SELECT started_at, completed_at, swept_by, publish_retries, publish_failures,
+       consume_retries, consume_failures, purged
+FROM {sweeps} WHERE name = 'default' AND completed_at IS NOT NULL
 
 -- name: heartbeat
 INSERT INTO {relays} (relay_id, hostname, pid, started_at, heartbeat_at)
@@ -112,7 +159,13 @@ SELECT
     (SELECT count(*) FROM {outbox} WHERE claim_token IS NULL) AS pending,
     (SELECT count(*) FROM {outbox} WHERE claim_token IS NOT NULL) AS in_flight,
     (SELECT count(*) FROM {dead_letters}) AS dead_letters,
-    (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM {outbox}) AS oldest_age
+    (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM {outbox}) AS oldest_age,
+    -- in flight for a relay with no live heartbeat: waiting for its lease to expire
+    (SELECT count(*) FROM {outbox} o
+     WHERE o.claim_token IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM {relays} r
+        WHERE r.relay_id = o.locked_by
+          AND r.heartbeat_at > now() - make_interval(secs => $1))) AS unowned
 
 -- name: live_relays
 -- A relay is live while its heartbeat is younger than $1 seconds; dead ones are pruned here.

@@ -78,6 +78,40 @@ SET claim_token = NULL, locked_by = NULL, locked_until = NULL,
     last_error = 'lease of relay ' || locked_by || ' expired'
 WHERE claim_token IS NOT NULL AND locked_until < (julianday('now') - 2440587.5) * 86400.0
 
+-- name: count_released
+UPDATE {sweeps} SET released_since_sweep = released_since_sweep + :released
+WHERE name = 'default'
+
+-- name: sweep_due
+SELECT started_at IS NULL OR started_at <= (julianday('now') - 2440587.5) * 86400.0 - :interval AS due
+FROM {sweeps} WHERE name = 'default'
+
+-- name: sweep_purge
+DELETE FROM {dead_letters} WHERE dl_seq IN (
+    SELECT dl_seq FROM {dead_letters}
+    WHERE :retention > 0 AND dead_lettered_at < (julianday('now') - 2440587.5) * 86400.0 - :retention
+    ORDER BY dead_lettered_at LIMIT :batch)
+
+-- name: sweep
+UPDATE {sweeps}
+SET publish_retries = released_since_sweep, released_since_sweep = 0,
+    publish_failures = (SELECT count(*) FROM {dead_letters} d
+                        WHERE d.direction = 'publish'
+                          AND d.dead_lettered_at >= COALESCE({sweeps}.started_at, 0)),
+    consume_retries = 0,
+    consume_failures = (SELECT count(*) FROM {dead_letters} d
+                        WHERE d.direction = 'consume'
+                          AND d.dead_lettered_at >= COALESCE({sweeps}.started_at, 0)),
+    purged = :purged, swept_by = :sweeper, started_at = :started, completed_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE name = 'default'
+RETURNING started_at, completed_at, swept_by, publish_retries, publish_failures,
+          consume_retries, consume_failures, purged
+
+-- name: last_sweep
+SELECT started_at, completed_at, swept_by, publish_retries, publish_failures,
+       consume_retries, consume_failures, purged
+FROM {sweeps} WHERE name = 'default' AND completed_at IS NOT NULL
+
 -- name: heartbeat
 INSERT INTO {relays} (relay_id, hostname, pid, started_at, heartbeat_at)
 VALUES (:relay_id, :hostname, :pid, :started_at, (julianday('now') - 2440587.5) * 86400.0)
@@ -91,7 +125,11 @@ SELECT
     (SELECT count(*) FROM {outbox} WHERE claim_token IS NULL) AS pending,
     (SELECT count(*) FROM {outbox} WHERE claim_token IS NOT NULL) AS in_flight,
     (SELECT count(*) FROM {dead_letters}) AS dead_letters,
-    (SELECT (julianday('now') - 2440587.5) * 86400.0 - min(created_at) FROM {outbox}) AS oldest_age
+    (SELECT (julianday('now') - 2440587.5) * 86400.0 - min(created_at) FROM {outbox}) AS oldest_age,
+    (SELECT count(*) FROM {outbox} o
+     WHERE o.claim_token IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM {relays} r
+        WHERE r.relay_id = o.locked_by AND r.heartbeat_at > (julianday('now') - 2440587.5) * 86400.0 - :live)) AS unowned
 
 -- name: live_relays
 SELECT r.relay_id, r.hostname, r.pid, r.started_at, r.heartbeat_at,

@@ -1,0 +1,603 @@
+"""NATS JetStream publisher: one pipelined connection, PubAcks awaited as a bounded window.
+
+URL::
+
+    nats://[user:password@|token@]host[:port][,host[:port]...][?option=value&...]
+
+Options (all optional): ``source`` (CloudEvents source, default ``outboxer``), ``ack_timeout``
+(seconds a ``publish()`` call waits for its PubAcks, default 5), ``connect_timeout`` (seconds per
+connection attempt, default 2), ``max_pending`` (un-acknowledged messages in flight per
+publisher, default 4096), ``name`` (client name shown by the server, default ``outboxer``),
+``tls_ca_file`` (CA bundle for a TLS server signed by a private CA; a server that requires TLS
+is otherwise verified against the system CAs).
+Credentials are handed to nats-py separately from the server list and are never logged.
+
+Wire format (one JetStream message per outbox message)::
+
+    subject            message topic (a stream capturing it must exist; outboxer creates none)
+    payload            message payload bytes, unchanged
+    Nats-Msg-Id        message id: JetStream drops a re-publish within the stream's duplicate
+                       window (2 minutes by default) and acknowledges it as a duplicate
+    ce-specversion     "1.0"
+    ce-id              message id
+    ce-source          the ``source`` option
+    ce-type            message type (omitted when the message has none)
+    ce-time            created_at, RFC 3339 in UTC (``2024-05-01T12:00:00.123456Z``)
+    ce-partitionkey    message key (CloudEvents partitioning extension; omitted when no key)
+    content-type       message content type
+    <user headers>     as given, written first: one named like a header above is replaced
+
+NATS header values are trimmed and CR/LF become spaces (nats-py does this so a value can never
+break the protocol line). Messages are written in input order on one connection, so JetStream
+stores the messages of one key in the order of the call.
+
+Errors, per message unless marked "whole call"::
+
+    failure                                              reported as
+    ---------------------------------------------------  ---------------------------------------
+    PubAck received (also "duplicate": already stored)   None (acknowledged)
+    no stream captures the subject (no responders)       PermanentPublishError
+    subject empty / whitespace / wildcard / empty token  PermanentPublishError (never sent)
+    header name not a valid NATS header token            PermanentPublishError (never sent)
+    headers + payload larger than the server max_payload PermanentPublishError (never sent; the
+                                                         server would drop the connection)
+    JetStream error 10054/10097 (message/headers over    PermanentPublishError
+      the stream limit), 10109 (sealed stream), any
+      other error with HTTP-like code 400/404
+    JetStream error 10077 (store failed: stream full     RetryablePublishError, unless the text
+      with discard=new, ...) and other 500-class errors  says the message is too large
+                                                         (PermanentPublishError)
+    JetStream 503 errors (JetStream/cluster unavailable, BrokerUnavailable
+      insufficient resources)
+    cannot connect (refused, timeout, auth, no servers)  BrokerUnavailable (whole call, raised)
+    connection lost before or during the call            BrokerUnavailable for every message not
+                                                         acknowledged yet
+    no PubAck within ack_timeout                         BrokerUnavailable (the connection is
+                                                         probed and replaced if dead)
+
+Connection lifecycle: ``__aenter__`` tries to connect once and, if the broker is down, only logs
+a warning, so a relay started before NATS backs off instead of exiting. After a drop nats-py
+retries twice at once (that heals a connection reset while the server is up); if the client is
+still not connected when ``publish()`` is called, that call discards it and makes one fresh
+connection attempt (shared by concurrent calls; nats-py's minimum is two back-to-back tries per
+server), so the relay's backoff paces reconnection. A message whose PubAck was
+lost may already be stored; its re-publish carries the same ``Nats-Msg-Id`` and is dropped by
+JetStream inside the duplicate window, and consumers can dedupe on ``ce-id`` beyond it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import re
+import ssl
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+from nats import errors as nats_errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from outboxer.errors import (
+    BrokerUnavailable,
+    ConfigurationError,
+    PermanentPublishError,
+    PublishError,
+    RetryablePublishError,
+)
+from outboxer.message import Message
+
+__all__ = ["NatsPublisher", "NatsSettings"]
+
+log = logging.getLogger("outboxer.publisher.nats")
+
+DEFAULT_PORT = 4222
+
+# JetStream error codes (nats-server errors.json) that no retry can fix.
+_PERMANENT_ERR_CODES = frozenset(
+    {
+        10054,  # JSStreamMessageExceedsMaximumErr: over the stream's max_msg_size
+        10097,  # JSStreamHeaderExceedsMaximumErr: headers over 64k
+        10109,  # JSStreamSealedErr: a sealed stream accepts nothing ever again
+    }
+)
+
+# nats-py errors about one message (never about the connection).
+_MESSAGE_REFUSALS = (
+    nats_errors.BadSubjectError,
+    nats_errors.BadHeaderError,
+    nats_errors.MaxPayloadError,
+)
+
+# nats-py's own rule for header names (nats.aio.client._HEADER_KEY_RE), checked before sending
+# so that such a message fails alone and is never half-written.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_SUBJECT_WHITESPACE = re.compile(r"[\s]")
+# "NATS/1.0\r\n" + final "\r\n", and ": " + "\r\n" per header line.
+_HEADER_BLOCK_OVERHEAD = 12
+_HEADER_LINE_OVERHEAD = 4
+
+
+@dataclass(frozen=True, slots=True)
+class NatsSettings:
+    """How :class:`NatsPublisher` connects and publishes.
+
+    Attributes:
+        servers: ``nats://host:port`` entries without credentials.
+        user: User name, or ``None``.
+        password: Password for ``user``; never logged or shown in errors.
+        token: Authentication token (``nats://token@host``); never logged or shown in errors.
+        source: CloudEvents ``source`` attribute of every message.
+        ack_timeout: Seconds one ``publish()`` call waits for all its PubAcks (including the time
+            spent waiting for room in the window) before reporting the rest as broker-down.
+        connect_timeout: Seconds one connection attempt may take.
+        max_pending: Un-acknowledged messages in flight per publisher, across concurrent calls.
+        name: Client name shown by ``nats server report connections``.
+        tls_ca_file: CA bundle to verify a TLS server with (a private CA). Without it a server
+            that requires TLS is verified against the system CAs.
+    """
+
+    servers: tuple[str, ...] = (f"nats://127.0.0.1:{DEFAULT_PORT}",)
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    source: str = "outboxer"
+    ack_timeout: float = 5.0
+    connect_timeout: float = 2.0
+    max_pending: int = 4096
+    name: str = "outboxer"
+    tls_ca_file: str | None = None
+
+    @classmethod
+    def from_url(cls, url: str) -> NatsSettings:
+        """Settings from ``nats://[user:pass@|token@]host:port[,host:port][?option=...]``."""
+        return _parse_url(url)
+
+    def __post_init__(self) -> None:
+        if not self.servers:
+            raise ConfigurationError("NATS: at least one server is required")
+        if self.ack_timeout <= 0 or self.connect_timeout <= 0:
+            raise ConfigurationError("NATS: ack_timeout and connect_timeout must be positive")
+        if self.max_pending < 1:
+            raise ConfigurationError("NATS: max_pending must be at least 1")
+        if not self.source:
+            raise ConfigurationError("NATS: source must not be empty")
+
+    def describe(self) -> str:
+        """The servers, for logs and errors (credentials are never part of it)."""
+        return ",".join(s.removeprefix("nats://") for s in self.servers)
+
+
+_INT_OPTIONS = {"max_pending"}
+_FLOAT_OPTIONS = {"ack_timeout", "connect_timeout"}
+_STR_OPTIONS = {"source", "name", "tls_ca_file"}
+
+
+def _parse_url(url: str) -> NatsSettings:
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "nats":
+        raise ConfigurationError("NATS broker URL must start with nats://")
+    rest, _, fragment = rest.partition("#")
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    if path or fragment:
+        raise ConfigurationError("NATS broker URL takes no path: use nats://host:port")
+    userinfo, at, hosts = netloc.rpartition("@")
+    user = password = token = None
+    if at:
+        name, colon, secret = userinfo.partition(":")
+        if colon:
+            user, password = unquote(name), unquote(secret)
+        else:
+            token = unquote(name)
+    servers = []
+    for entry in hosts.split(","):
+        host, port = _host_port(entry.strip())
+        servers.append(f"nats://{host}:{port}")
+    options: dict[str, Any] = {}
+    known = _INT_OPTIONS | _FLOAT_OPTIONS | _STR_OPTIONS
+    for option, value in parse_qsl(query, keep_blank_values=True):
+        if option not in known:
+            raise ConfigurationError(
+                f"NATS broker URL: unknown option {option!r} (known: {', '.join(sorted(known))})"
+            )
+        try:
+            if option in _INT_OPTIONS:
+                options[option] = int(value)
+            elif option in _FLOAT_OPTIONS:
+                options[option] = float(value)
+            else:
+                options[option] = value
+        except ValueError:
+            raise ConfigurationError(
+                f"NATS broker URL: option {option}={value!r} is not a number"
+            ) from None
+    return NatsSettings(
+        servers=tuple(servers), user=user, password=password, token=token, **options
+    )
+
+
+def _host_port(entry: str) -> tuple[str, int]:
+    if entry.startswith("["):  # [::1]:4222
+        host, _, port_text = entry[1:].partition("]")
+        port_text = port_text.removeprefix(":")
+        host = f"[{host}]"
+    else:
+        host, _, port_text = entry.partition(":")
+    if not host or host == "[]":
+        raise ConfigurationError("NATS broker URL: a server has no host (nats://host:port)")
+    if not port_text:
+        return host, DEFAULT_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ConfigurationError(f"NATS broker URL: port {port_text!r} of {host} is not valid")
+    return host, int(port_text)
+
+
+def _subject_problem(subject: str) -> str | None:
+    """Why JetStream cannot take ``subject`` as a publish subject, or ``None``."""
+    if not subject:
+        return "the topic is empty, which is not a NATS subject"
+    if _SUBJECT_WHITESPACE.search(subject):
+        return f"topic {subject!r} contains whitespace, which a NATS subject cannot"
+    for token in subject.split("."):
+        if not token:
+            return f"topic {subject!r} has an empty token, which a NATS subject cannot"
+        if token in ("*", ">"):
+            return f"topic {subject!r} contains a wildcard; messages need a literal subject"
+    return None
+
+
+def _rfc3339(moment: dt.datetime) -> str:
+    if moment.tzinfo is None:  # stores hand back UTC; a naive value is UTC too
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _classify_api_error(error: Mapping[str, Any], subject: str) -> PublishError:
+    code, err_code = error.get("code"), error.get("err_code")
+    text = f"JetStream refused a message on {subject!r}: {error.get('description')}"
+    text += f" (code {code}, err_code {err_code})"
+    if err_code in _PERMANENT_ERR_CODES or code in (400, 404):
+        return PermanentPublishError(text)
+    if err_code == 10077:  # JSStreamStoreFailedF: "maximum messages exceeded" and the like
+        if "too large" in str(error.get("description", "")).lower():
+            return PermanentPublishError(text)
+        return RetryablePublishError(text)
+    if code == 503:
+        return BrokerUnavailable(text)
+    return RetryablePublishError(text)
+
+
+class _Batch:
+    """One ``publish()`` call: its results and how many PubAcks it still waits for."""
+
+    __slots__ = ("done", "outstanding", "results", "tokens")
+
+    def __init__(self, size: int) -> None:
+        self.results: list[PublishError | None] = [None] * size
+        self.outstanding = 0
+        self.tokens: list[str] = []
+        self.done: asyncio.Future[None] | None = None
+
+
+class _Connection:
+    """One nats-py client and the reply inbox where its PubAcks arrive.
+
+    Every message is published with the reply subject ``<inbox>.<n>``; ``pending`` maps ``n`` to
+    the call and position waiting for that PubAck. Whoever removes an entry from ``pending``
+    (the PubAck, a lost connection, a timed-out call) settles it and frees its window slot, so
+    each slot is freed exactly once.
+    """
+
+    def __init__(self, client: Client, window: asyncio.Semaphore) -> None:
+        self.client = client
+        self.window = window
+        self.inbox = client.new_inbox() + "."
+        self.pending: dict[str, tuple[_Batch, int, str]] = {}
+        self.counter = 0
+
+    def next_reply(self) -> tuple[str, str]:
+        self.counter += 1
+        token = str(self.counter)
+        return token, self.inbox + token
+
+    def settle(self, token: str, outcome: PublishError | None) -> None:
+        entry = self.pending.pop(token, None)
+        if entry is None:
+            return  # already settled: a PubAck after a timeout or a lost connection
+        batch, index, _ = entry
+        batch.results[index] = outcome
+        self.window.release()
+        batch.outstanding -= 1
+        if batch.outstanding == 0 and batch.done is not None and not batch.done.done():
+            batch.done.set_result(None)
+
+    def fail_all(self, reason: str) -> None:
+        """Report every un-acknowledged message as broker-down (connection lost or closed)."""
+        for token in list(self.pending):
+            self.settle(token, BrokerUnavailable(reason))
+
+    async def on_reply(self, msg: Msg) -> None:
+        token = msg.subject[len(self.inbox) :]
+        entry = self.pending.get(token)
+        if entry is None:
+            return
+        data = msg.data
+        if not data and msg.headers and msg.headers.get("Status") == "503":
+            # No responders: nothing listens on the subject, i.e. no stream captures it.
+            subject = entry[2]
+            self.settle(
+                token,
+                PermanentPublishError(
+                    f"no JetStream stream captures subject {subject!r}: create a stream for it, "
+                    "then replay the dead letters"
+                ),
+            )
+        elif b'"error"' in data:
+            try:
+                error = json.loads(data)["error"]
+            except (ValueError, KeyError, TypeError):
+                error = {"description": data[:200].decode(errors="replace")}
+            self.settle(token, _classify_api_error(error, entry[2]))
+        else:
+            self.settle(token, None)  # a PubAck, possibly {"duplicate": true}
+
+
+class NatsPublisher:
+    """Publishes outbox messages to NATS JetStream and reports a result per message.
+
+    The publisher owns its nats-py connection: it opens it in ``__aenter__`` (or lazily, if the
+    broker was down then) and closes it in ``__aexit__``.
+    """
+
+    def __init__(self, settings: NatsSettings | None = None) -> None:
+        self.settings = settings or NatsSettings()
+        self._tls: ssl.SSLContext | None = None
+        if self.settings.tls_ca_file is not None:
+            try:
+                self._tls = ssl.create_default_context(cafile=self.settings.tls_ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigurationError(
+                    f"NATS: cannot use tls_ca_file {self.settings.tls_ca_file!r}: {exc}"
+                ) from None
+        self._window = asyncio.Semaphore(self.settings.max_pending)
+        self._connection: _Connection | None = None
+        self._connecting: asyncio.Future[_Connection] | None = None
+        # Subjects already checked, so the check costs one dict lookup per message.
+        self._subject_checks: dict[str, str | None] = {}
+
+    @classmethod
+    def from_url(cls, url: str) -> NatsPublisher:
+        """``nats://[user:pass@]host:port[,host:port][?source=...&ack_timeout=...]``."""
+        return cls(NatsSettings.from_url(url))
+
+    def __repr__(self) -> str:
+        return f"NatsPublisher({self.settings.describe()})"
+
+    async def __aenter__(self) -> NatsPublisher:
+        try:
+            await self._connect()
+        except BrokerUnavailable as exc:
+            log.warning("%s; publish() will try again", exc)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, BrokerUnavailable):
+                await self._connecting
+        self._connecting = None
+        await self._drop("the publisher was closed")
+
+    async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+        if not messages:
+            return []
+        conn = await self._connect()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.ack_timeout
+        batch = _Batch(len(messages))
+        client, window, pending = conn.client, conn.window, conn.pending
+        max_payload = client.max_payload
+        # One pass, in input order, without awaiting any PubAck: the window is the only brake.
+        for index, message in enumerate(messages):
+            headers, refusal = self._prepare(message, max_payload)
+            if refusal is not None:
+                batch.results[index] = PermanentPublishError(refusal)
+                continue
+            if window.locked():
+                if not await self._wait_for_room(window, deadline):
+                    self._fail_rest(batch, index, "no room in the PubAck window")
+                    break
+            else:
+                await window.acquire()  # free slot: returns without suspending
+            if not client.is_connected:
+                window.release()
+                self._fail_rest(batch, index, "the NATS connection was lost")
+                break
+            token, reply = conn.next_reply()
+            pending[token] = (batch, index, message.topic)
+            batch.tokens.append(token)
+            batch.outstanding += 1
+            try:
+                await client.publish(message.topic, message.payload, reply=reply, headers=headers)
+            except _MESSAGE_REFUSALS as exc:  # checked above already; kept as a safety net
+                conn.settle(token, PermanentPublishError(f"nats-py refused the message: {exc!r}"))
+            except Exception as exc:  # noqa: BLE001 - any other client failure ends the call
+                reason = f"NATS publish failed: {exc!r}"
+                conn.settle(token, BrokerUnavailable(reason))
+                self._fail_rest(batch, index + 1, reason)
+                break
+        if batch.outstanding:
+            # Created only now, so PubAcks that arrive while the loop still sends cannot end
+            # the wait early.
+            batch.done = loop.create_future()
+            await asyncio.wait([batch.done], timeout=max(0.0, deadline - loop.time()))
+        if batch.outstanding:
+            reason = f"no PubAck within {self.settings.ack_timeout:g} s"
+            for token in batch.tokens:
+                conn.settle(token, BrokerUnavailable(reason))
+            await self._probe(conn)
+        return batch.results
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _prepare(self, message: Message, max_payload: int) -> tuple[dict[str, str], str | None]:
+        """The NATS headers of ``message``, and why it can never be sent (``None`` if it can)."""
+        subject = message.topic
+        try:
+            problem = self._subject_checks[subject]
+        except KeyError:
+            if len(self._subject_checks) > 10_000:  # unbounded topic sets stay bounded here
+                self._subject_checks.clear()
+            problem = self._subject_checks[subject] = _subject_problem(subject)
+        if problem is not None:
+            return {}, problem
+        if message.headers:
+            for name in message.headers:
+                if not _HEADER_NAME.fullmatch(name):
+                    return {}, f"header name {name!r} is not a valid NATS header name"
+            headers = dict(message.headers)
+        else:
+            headers = {}
+        headers["Nats-Msg-Id"] = message.id
+        headers["ce-specversion"] = "1.0"
+        headers["ce-id"] = message.id
+        headers["ce-source"] = self.settings.source
+        if message.type is not None:
+            headers["ce-type"] = message.type
+        headers["ce-time"] = _rfc3339(message.created_at)
+        if message.key is not None:
+            headers["ce-partitionkey"] = message.key
+        headers["content-type"] = message.content_type
+        # The server counts headers and payload against max_payload and drops the whole
+        # connection on a violation, so an oversized message is refused before it is sent.
+        size = _HEADER_BLOCK_OVERHEAD + len(message.payload)
+        for name, value in headers.items():
+            size += len(name) + len(value.encode()) + _HEADER_LINE_OVERHEAD
+        if size > max_payload:
+            return headers, (
+                f"message of {size} bytes (headers included) exceeds the NATS server's "
+                f"max_payload of {max_payload} bytes"
+            )
+        return headers, None
+
+    @staticmethod
+    async def _wait_for_room(window: asyncio.Semaphore, deadline: float) -> bool:
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            return False
+        try:
+            await asyncio.wait_for(window.acquire(), remaining)
+        except TimeoutError:
+            return False
+        return True  # the slot is the caller's now; ``settle`` frees it
+
+    @staticmethod
+    def _fail_rest(batch: _Batch, start: int, reason: str) -> None:
+        for index in range(start, len(batch.results)):
+            if batch.results[index] is None:
+                batch.results[index] = BrokerUnavailable(reason)
+
+    async def _connect(self) -> _Connection:
+        """The live connection, or one new connection attempt (shared by concurrent calls)."""
+        conn = self._connection
+        if conn is not None and conn.client.is_connected:
+            return conn
+        if self._connecting is None or self._connecting.done():
+            # Set before any await, so concurrent callers join this attempt instead of racing.
+            self._connecting = asyncio.ensure_future(self._reopen())
+            # A caller cancelled while waiting must not leave the failure unretrieved.
+            self._connecting.add_done_callback(
+                lambda attempt: attempt.cancelled() or attempt.exception()
+            )
+        # shield: a cancelled caller must not cancel an attempt other callers are waiting for.
+        return await asyncio.shield(self._connecting)
+
+    async def _reopen(self) -> _Connection:
+        await self._drop("the NATS connection was lost")
+        return await self._open()
+
+    async def _open(self) -> _Connection:
+        settings = self.settings
+        client = Client()
+        conn = _Connection(client, self._window)
+
+        seen: list[Exception] = []
+
+        async def on_error(exc: Exception) -> None:
+            seen.append(exc)
+            log.debug("NATS client error at %s: %r", settings.describe(), exc)
+
+        async def on_disconnect() -> None:
+            conn.fail_all("the NATS connection was lost")
+
+        options: dict[str, Any] = {
+            "servers": list(settings.servers),
+            "name": settings.name,
+            "connect_timeout": settings.connect_timeout,
+            # One attempt per server from us; nats-py's minimum is two back-to-back tries, and
+            # after a drop it makes the same two at once. Longer outages are paced by the
+            # relay's backoff: each publish() makes one fresh attempt.
+            "allow_reconnect": True,
+            "max_reconnect_attempts": 1,
+            "reconnect_time_wait": 0,
+            # A forced flush (pending buffer full) on a dead socket must not hang a call.
+            "flush_timeout": settings.ack_timeout,
+            "error_cb": on_error,
+            "disconnected_cb": on_disconnect,
+            "closed_cb": on_disconnect,
+            "dont_randomize": False,
+        }
+        if self._tls is not None:
+            options["tls"] = self._tls
+        if settings.token is not None:
+            options["token"] = settings.token
+        if settings.user is not None:
+            options["user"] = settings.user
+            options["password"] = settings.password
+        # nats-py makes up to two tries per server, each bounded by connect_timeout; the overall
+        # bound is ours because after a failed TLS handshake nats-py waits forever for the
+        # broken transport to close (nats-io/nats.py#718).
+        budget = settings.connect_timeout * (2 * len(settings.servers) + 1)
+        try:
+            await asyncio.wait_for(client.connect(**options), budget)
+            await client.subscribe(conn.inbox + "*", cb=conn.on_reply)
+        except asyncio.CancelledError:  # the publisher is being closed
+            await self._close_client(client)
+            raise
+        except Exception as exc:  # noqa: BLE001 - every connect failure means broker-down
+            # nats-py ends with NoServersError; the reason is the error before it.
+            cause = seen[-1] if seen else exc
+            await self._close_client(client)
+            detail = str(cause) or type(cause).__name__
+            raise BrokerUnavailable(
+                f"cannot connect to NATS at {settings.describe()}: {detail}"
+            ) from None
+        self._connection = conn
+        return conn
+
+    async def _probe(self, conn: _Connection) -> None:
+        """After a PubAck timeout: keep the connection only if the server still answers a PING."""
+        try:
+            await conn.client.flush(timeout=max(1, int(self.settings.connect_timeout)))
+        except Exception:  # noqa: BLE001 - whatever the reason, the connection is not usable
+            if self._connection is conn:
+                await self._drop("the NATS connection stopped answering")
+
+    async def _drop(self, reason: str) -> None:
+        conn, self._connection = self._connection, None
+        if conn is None:
+            return
+        conn.fail_all(reason)
+        await self._close_client(conn.client)
+
+    async def _close_client(self, client: Client) -> None:
+        # Bounded: closing flushes buffered data, which can stall on a dead socket, and waits
+        # for a transport that a failed TLS handshake never lets close (nats-io/nats.py#718).
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.close(), self.settings.connect_timeout)
