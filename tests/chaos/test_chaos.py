@@ -233,13 +233,16 @@ async def test_postgresql_restart_mid_run_loses_nothing(
             await asyncio.sleep(0.05)
         await client.aclose()
         version = os.listdir("/etc/postgresql")[0]
-        restart = subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
-            capture_output=True,
-            text=True,
-            timeout=120,
+        restart = await asyncio.create_subprocess_exec(
+            "pg_ctlcluster",
+            "--skip-systemctl-redirect",
+            version,
+            "main",
+            "restart",
+            stderr=asyncio.subprocess.PIPE,
         )
-        assert restart.returncode == 0, restart.stderr
+        _, err = await asyncio.wait_for(restart.communicate(), 120)
+        assert restart.returncode == 0, err.decode()
         async with PostgresStore(pg_url, TableNames(schema=pg_schema)) as store:
             await wait_drained(store, 120)
             stats = await store.stats()
