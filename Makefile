@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit soak bench clean
+.PHONY: demo test lint unit soak bench clean chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,10 +24,17 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# Debian's Chromium for the dashboard's browser test (Playwright drives /usr/bin/chromium;
+# no browser is downloaded).
+chromium:
+	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
 # The whole suite against the real services (PostgreSQL, RabbitMQ, NATS, Redis on this machine;
-# the Kafka-protocol broker Tansu is started by the tests). Long soaks are `make soak`.
-test: lint
-	$(BIN)/python -m pytest -n 2 -m "not soak" -p no:cacheprovider
+# the Kafka-protocol broker Tansu is started by the tests). Chaos tests (they kill relays and
+# restart PostgreSQL) run afterwards, one at a time. Long soaks are `make soak`.
+test: lint chromium
+	$(BIN)/python -m pytest -n 2 -m "not soak and not chaos" -p no:cacheprovider
+	$(BIN)/python -m pytest -m chaos -p no:cacheprovider
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

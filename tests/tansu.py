@@ -73,15 +73,17 @@ class TansuBroker:
     which gives a fresh, empty broker: that is how the recovery tests simulate an outage.
     """
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, advertised_port: int | None = None) -> None:
+        """``advertised_port`` makes clients connect there (a TCP proxy in front) instead."""
         self.port = port if port is not None else free_port()
+        self.advertised_port = advertised_port or self.port
         self._process: subprocess.Popen[bytes] | None = None
         self._log_path: Path | None = None
 
     @property
     def bootstrap(self) -> str:
         """The ``host:port`` to give Kafka clients."""
-        return f"127.0.0.1:{self.port}"
+        return f"127.0.0.1:{self.advertised_port}"
 
     @property
     def running(self) -> bool:
@@ -98,7 +100,7 @@ class TansuBroker:
             raise RuntimeError(f"Tansu is already running on {self.bootstrap}")
         fd, name = tempfile.mkstemp(prefix=f"tansu-{self.port}-", suffix=".log")
         self._log_path = Path(name)
-        url = f"tcp://{self.bootstrap}"
+        url = f"tcp://127.0.0.1:{self.port}"
         with os.fdopen(fd, "wb") as log:
             # The child keeps its own copy of the descriptor; ours is closed right away.
             self._process = subprocess.Popen(
@@ -108,7 +110,7 @@ class TansuBroker:
                     "--listener-url",
                     url,
                     "--advertised-listener-url",
-                    url,
+                    f"tcp://{self.bootstrap}",
                     "--storage-engine",
                     "memory://tansu/",
                 ],

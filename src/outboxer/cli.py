@@ -127,6 +127,9 @@ def main(log_level: str) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # pika logs several ERROR lines per failed connection attempt; the RabbitMQ publisher
+    # reports each outage in one line of its own.
+    logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 
 # -- db ----------------------------------------------------------------------------------------

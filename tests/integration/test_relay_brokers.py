@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -25,11 +26,13 @@ import nats
 import pika
 import pytest
 import redis.asyncio as aioredis
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 import outboxer
 from outboxer.config import TableNames
 from outboxer.stores.postgres import PostgresStore
 from tests.conftest import require_service, unique_name
+from tests.tansu import TansuBroker, create_topic, free_port
 from tests.tcp_proxy import TcpProxy
 
 OUTBOXER = str(Path(sys.executable).parent / "outboxer")
@@ -41,7 +44,10 @@ class Broker(Protocol):
 
     target: tuple[str, int]
 
-    async def prepare(self, topic: str) -> None: ...
+    async def prepare(self, topic: str, via: int | None = None) -> None:
+        """Create the destination; ``via`` is the port of a proxy in front of the broker."""
+        ...
+
     def url(self, port: int) -> str: ...
     async def delivered_ids(self, topic: str, expected: int) -> list[str]: ...
     async def cleanup(self) -> None: ...
@@ -54,7 +60,7 @@ class RedisBroker:
         require_service("Redis", *self.target)
         self.streams: list[str] = []
 
-    async def prepare(self, topic: str) -> None:
+    async def prepare(self, topic: str, via: int | None = None) -> None:
         self.streams.append(topic)
 
     def url(self, port: int) -> str:
@@ -81,7 +87,7 @@ class NatsBroker:
         require_service("NATS", *self.target)
         self.streams: list[str] = []
 
-    async def prepare(self, topic: str) -> None:
+    async def prepare(self, topic: str, via: int | None = None) -> None:
         nc = await nats.connect("nats://127.0.0.1:4222")
         try:
             name = unique_name("S")
@@ -140,7 +146,7 @@ class RabbitBroker:
         finally:
             conn.close()
 
-    async def prepare(self, topic: str) -> None:
+    async def prepare(self, topic: str, via: int | None = None) -> None:
         await asyncio.to_thread(self._prepare, topic)
 
     def url(self, port: int) -> str:
@@ -172,7 +178,65 @@ class RabbitBroker:
         await asyncio.to_thread(self._cleanup)
 
 
-BROKERS = {"redis": RedisBroker, "nats": NatsBroker, "rabbitmq": RabbitBroker}
+class KafkaBroker:
+    """A Tansu of its own per test: behind a proxy it must advertise the proxy's port, or the
+    clients would bypass the proxy after the first metadata request."""
+
+    def __init__(self) -> None:
+        self.tansu: TansuBroker | None = None
+        self.target = ("127.0.0.1", free_port())
+
+    async def prepare(self, topic: str, via: int | None = None) -> None:
+        self.tansu = TansuBroker(self.target[1], advertised_port=via)
+        await asyncio.to_thread(self.tansu.start)
+        await asyncio.to_thread(create_topic, self.tansu.bootstrap, topic, 3)
+
+    def url(self, port: int) -> str:
+        return f"kafka://127.0.0.1:{port}"
+
+    def _read(self, topic: str) -> list[str]:
+        assert self.tansu is not None
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.tansu.bootstrap,
+                "group.id": topic,
+                "enable.auto.commit": False,
+                "logger": logging.getLogger("kafka"),
+            }
+        )
+        try:
+            metadata = consumer.list_topics(topic, timeout=10)
+            partitions = [
+                TopicPartition(topic, p, OFFSET_BEGINNING)
+                for p in metadata.topics[topic].partitions
+            ]
+            consumer.assign(partitions)
+            ids: list[str] = []
+            idle_since = time.monotonic()
+            while time.monotonic() - idle_since < 3:
+                msg = consumer.poll(0.2)
+                if msg is None or msg.error():
+                    continue
+                idle_since = time.monotonic()
+                ids.append(dict(msg.headers() or [])["ce_id"].decode())
+            return ids
+        finally:
+            consumer.close()
+
+    async def delivered_ids(self, topic: str, expected: int) -> list[str]:
+        return await asyncio.to_thread(self._read, topic)
+
+    async def cleanup(self) -> None:
+        if self.tansu is not None:
+            await asyncio.to_thread(self.tansu.stop)
+
+
+BROKERS = {
+    "redis": RedisBroker,
+    "nats": NatsBroker,
+    "rabbitmq": RabbitBroker,
+    "kafka": KafkaBroker,
+}
 
 
 @pytest.fixture(params=sorted(BROKERS))
@@ -249,12 +313,12 @@ async def test_thousands_delivered_exactly_once(
 async def test_broker_outage_of_20_seconds_loses_nothing_and_backs_off(
     broker: Broker, pg_url: str, pg_schema: str, topic: str, tmp_path: Path
 ) -> None:
-    await broker.prepare(topic)
     log = tmp_path / "relay.log"
     async with (
         PostgresStore(pg_url, TableNames(schema=pg_schema)) as store,
         TcpProxy(*broker.target) as proxy,
     ):
+        await broker.prepare(topic, via=proxy.port)
         await store.migrate()
         args = [
             "--database-url",
@@ -280,6 +344,7 @@ async def test_broker_outage_of_20_seconds_loses_nothing_and_backs_off(
             await drained(store, 90)
             recovered = time.monotonic() - cut_at
         stats = await store.stats()
+        delivered = await broker.delivered_ids(topic, len(ids))  # through the proxy (Kafka)
     text = log.read_text()
     pauses = [float(p) for p in re.findall(r"broker unavailable .*: pausing ([\d.]+)s", text)]
     print(
@@ -290,5 +355,4 @@ async def test_broker_outage_of_20_seconds_loses_nothing_and_backs_off(
     assert stats.dead_letters == 0, text[-3000:]
     assert 3 <= len(pauses) <= 12, f"backoff attempts during a 20 s cut: {pauses}"
     assert pauses[:3] == [1.0, 2.0, 4.0] and set(pauses[3:]) <= {4.0}, pauses
-    delivered = await broker.delivered_ids(topic, len(ids))
     assert set(delivered) == set(ids), "nothing lost"

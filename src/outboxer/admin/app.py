@@ -1,0 +1,657 @@
+"""The admin HTTP API and dashboard: a FastAPI app over any :class:`~outboxer.ports.Store`.
+
+Two factories:
+
+* :func:`create_app` takes a store whose lifecycle belongs to the caller (``outboxer serve``
+  opens it before the server starts, so a bad URL is one readable line, not a traceback).
+* :func:`create_app_from_url` builds the store from a database URL and opens/closes it in the
+  app's lifespan, to serve on its own with uvicorn (a sub-app mounted elsewhere does not get
+  its lifespan run: mount :func:`create_app` then).
+
+Authorization (see ``docs/admin.md``): with a token, every ``/api/`` request needs
+``Authorization: Bearer <token>``; without one, reads are open and replay/delete are refused
+(403). ``/healthz``, ``/readyz``, ``/metrics``, the dashboard and the OpenAPI schema are never
+behind the token: probes and scrapers must reach them, and they carry no payloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from outboxer.admin.metrics import CONTENT_TYPE, render_metrics
+from outboxer.admin.models import (
+    MAX_TEXT,
+    BulkResult,
+    DeadLetterFilterBody,
+    DeadLetterOut,
+    DeadLetterPageOut,
+    Problem,
+    ReadinessOut,
+    StatsOut,
+    checked_text,
+)
+from outboxer.config import TableNames
+from outboxer.errors import (
+    ConfigurationError,
+    NotFound,
+    OutboxerError,
+    SchemaError,
+    StoreError,
+)
+from outboxer.ports import DeadLetterFilter, OutboxStats, Store
+
+__all__ = ["AdminSettings", "create_app", "create_app_from_url"]
+
+log = logging.getLogger("outboxer.admin")
+
+TOKEN_ENV = "OUTBOXER_ADMIN_TOKEN"
+NO_TOKEN_WARNING = (
+    "NO ADMIN TOKEN IS SET: the admin API is open to read by anyone who can reach it, and "
+    f"replay/delete are disabled. Set {TOKEN_ENV} (or --admin-token) to protect it."
+)
+MUTATIONS_DISABLED = (
+    f"replay and delete are disabled because no admin token is configured: set {TOKEN_ENV} "
+    "(or --admin-token) on the server and send 'Authorization: Bearer <token>'"
+)
+_MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_STATIC = resources.files("outboxer.admin") / "static"
+
+
+@dataclass(frozen=True, slots=True)
+class AdminSettings:
+    """How the admin app authorizes and judges readiness.
+
+    Attributes:
+        token: Bearer token required on every ``/api/`` request; ``None`` (or empty) leaves
+            reads open and refuses replay/delete.
+        ready_max_age: ``/readyz`` fails when the oldest outbox message is older (seconds).
+        ready_min_relays: ``/readyz`` fails with fewer live relays (0 disables the check, for
+            deployments where relays are watched elsewhere).
+        stats_timeout: Longest wait for the database in ``/readyz`` and ``/metrics`` (seconds).
+    """
+
+    token: str | None = None
+    ready_max_age: float = 300.0
+    ready_min_relays: int = 1
+    stats_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.ready_max_age <= 0:
+            raise ConfigurationError(f"ready_max_age must be positive, not {self.ready_max_age}")
+        if self.ready_min_relays < 0:
+            raise ConfigurationError(f"ready_min_relays must be ≥ 0, not {self.ready_min_relays}")
+        if self.stats_timeout <= 0:
+            raise ConfigurationError(f"stats_timeout must be positive, not {self.stats_timeout}")
+
+
+# -- authorization -------------------------------------------------------------------------------
+
+
+def _route_path(scope: Scope) -> str:
+    """The path inside this app: mounted under a prefix, ``scope["path"]`` still holds the
+    prefix (``root_path``), and checking it unstripped would leave ``/prefix/api/`` unguarded."""
+    path = str(scope.get("path", ""))
+    root = str(scope.get("root_path", ""))
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
+class _BearerAuth:
+    """Pure ASGI middleware guarding ``/api/``.
+
+    A middleware rather than a FastAPI dependency so authorization is decided before the body
+    is read or validated: an unauthenticated caller gets 401 for a malformed body too, and learns
+    nothing about the API's validation rules.
+    """
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self._token = token.encode() if token else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _route_path(scope).startswith("/api/"):
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if refusal is None:
+            await self.app(scope, receive, send)
+        else:
+            await refusal(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> Response | None:
+        if self._token is None:
+            if scope.get("method", "GET") in _MUTATING:
+                return JSONResponse({"detail": MUTATIONS_DISABLED}, status_code=403)
+            return None
+        header = b""
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                header = value
+                break
+        scheme, _, presented = header.partition(b" ")
+        # compare_digest: the time taken must not reveal how much of the token was right.
+        if scheme.lower() == b"bearer" and hmac.compare_digest(presented.strip(), self._token):
+            return None
+        detail = (
+            "missing bearer token: send 'Authorization: Bearer <token>'"
+            if not header
+            else "invalid bearer token"
+        )
+        return JSONResponse(
+            {"detail": detail}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+        )
+
+
+class _SecurityHeaders:
+    """Headers that keep the dashboard from being framed, sniffed or fed foreign scripts."""
+
+    # The dashboard's own files only; no inline script, so injected markup cannot run.
+    _CSP = (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+    )
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = _route_path(scope)
+        dashboard = path == "/" or path.startswith("/static/")
+
+        async def send_with_headers(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-content-type-options", b"nosniff"))
+                headers.append((b"referrer-policy", b"no-referrer"))
+                if dashboard:
+                    headers.append((b"content-security-policy", self._CSP.encode()))
+                    headers.append((b"x-frame-options", b"DENY"))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+# Declared for the OpenAPI schema (the "Authorize" button of /docs); _BearerAuth enforces it.
+_bearer = HTTPBearer(auto_error=False, description=f"The server's {TOKEN_ENV}.")
+
+
+def _documented_bearer(
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    del credentials
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+def _problem(status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every failure is a JSON ``{"detail": …}``; never a stack trace."""
+
+    async def validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        # Only location, message and type: the rejected input is not echoed back (it may be a
+        # large or sensitive body) and pydantic's ``ctx`` may hold non-JSON objects.
+        errors = [
+            {
+                "loc": [str(part) for part in e.get("loc", ())],
+                "msg": str(e.get("msg", "")),
+                "type": str(e.get("type", "")),
+            }
+            for e in exc.errors()
+        ]
+        return _problem(422, errors)
+
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        return _problem(exc.status_code, exc.detail, dict(exc.headers or {}))
+
+    async def not_found(_: Request, exc: Exception) -> JSONResponse:
+        return _problem(404, str(exc))
+
+    async def bad_request(_: Request, exc: Exception) -> JSONResponse:
+        return _problem(400, str(exc))
+
+    async def schema_error(_: Request, exc: Exception) -> JSONResponse:
+        return _problem(503, str(exc))
+
+    async def store_error(_: Request, exc: Exception) -> JSONResponse:
+        return _problem(503, str(exc), {"Retry-After": "5"})
+
+    async def other_error(request: Request, exc: Exception) -> JSONResponse:
+        # The traceback goes to the server log, never to the client.
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return _problem(500, "internal error; see the server log")
+
+    app.add_exception_handler(RequestValidationError, validation)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(NotFound, not_found)
+    app.add_exception_handler(ConfigurationError, bad_request)
+    app.add_exception_handler(SchemaError, schema_error)
+    app.add_exception_handler(StoreError, store_error)
+    app.add_exception_handler(OutboxerError, other_error)
+    app.add_exception_handler(Exception, other_error)
+
+
+# -- the app -------------------------------------------------------------------------------------
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": Problem, "description": "Invalid filter or cursor."},
+    401: {"model": Problem, "description": "Missing or wrong bearer token."},
+    422: {"model": Problem, "description": "Malformed request."},
+    503: {"model": Problem, "description": "The database is unavailable."},
+}
+_MUTATION_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_ERRORS,
+    403: {"model": Problem, "description": "No admin token configured: mutations disabled."},
+    404: {"model": Problem, "description": "No such dead letter."},
+}
+
+
+def _store(request: Request) -> Store:
+    """The store of the app serving this request (a mounted sub-app has its own)."""
+    store: Store = request.app.state.store
+    return store
+
+
+def _settings(request: Request) -> AdminSettings:
+    settings: AdminSettings = request.app.state.settings
+    return settings
+
+
+StoreDep = Annotated[Store, Depends(_store)]
+
+
+def _text(value: str | None, where: str) -> str | None:
+    if value is None:
+        return None
+    try:
+        return checked_text(value)
+    except ValueError as exc:
+        raise _unprocessable(["query", where], str(exc)) from None
+
+
+FilterText = Annotated[str | None, Query(min_length=1, max_length=MAX_TEXT)]
+
+
+def _list_filter(
+    request: Request,
+    topic: FilterText = None,
+    type: FilterText = None,  # noqa: A002 - the API's field name
+    key: FilterText = None,
+) -> DeadLetterFilter:
+    unknown = sorted(set(request.query_params) - {"topic", "type", "key", "limit", "cursor"})
+    if unknown:
+        # A misspelt filter would otherwise silently list everything.
+        raise _unprocessable(["query", unknown[0]], "unknown query parameter")
+    return DeadLetterFilter(
+        topic=_text(topic, "topic"), type=_text(type, "type"), key=_text(key, "key")
+    )
+
+
+def _checked_id(
+    dead_letter_id: Annotated[
+        str, Path(min_length=1, max_length=MAX_TEXT, description="The message id.")
+    ],
+) -> str:
+    try:
+        return checked_text(dead_letter_id)
+    except ValueError as exc:
+        raise _unprocessable(["path", "dead_letter_id"], str(exc)) from None
+
+
+DeadLetterId = Annotated[str, Depends(_checked_id)]
+
+# Every /api/ route declares the bearer scheme for the OpenAPI schema; _BearerAuth enforces it.
+api = APIRouter(prefix="/api", dependencies=[Depends(_documented_bearer)])
+probes = APIRouter(tags=["probes"])
+
+
+@api.get(
+    "/deadletters",
+    response_model=DeadLetterPageOut,
+    responses=_ERRORS,
+    tags=["dead letters"],
+    summary="List dead letters, newest first",
+)
+async def list_dead_letters(
+    store: StoreDep,
+    flt: Annotated[DeadLetterFilter, Depends(_list_filter)],
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    # Cursors are opaque to clients; the stores hand out decimal sequence numbers, and the
+    # bound keeps an out-of-range integer from ever reaching the driver.
+    cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,18}$")] = None,
+) -> dict[str, Any]:
+    page = await store.list_dead_letters(flt, limit=limit, cursor=cursor)
+    return {"items": [d.to_json() for d in page.items], "next_cursor": page.next_cursor}
+
+
+@api.get(
+    "/deadletters/{dead_letter_id}",
+    response_model=DeadLetterOut,
+    responses={**_ERRORS, 404: _MUTATION_ERRORS[404]},
+    tags=["dead letters"],
+    summary="One dead letter with payload, reason and attempts",
+)
+async def get_dead_letter(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str, Any]:
+    return (await store.get_dead_letter(dead_letter_id)).to_json()
+
+
+@api.post(
+    "/deadletters/replay",
+    response_model=BulkResult,
+    responses=_MUTATION_ERRORS,
+    tags=["dead letters"],
+    summary="Replay the dead letters a filter selects",
+    description=(
+        "Moves them back to the outbox with the same id and attempts reset. Body: "
+        '{"ids": [...]}, a {"topic"/"type"/"key"} filter, or {"all": true}. With ids, every '
+        "id must exist (404 otherwise, and nothing is replayed)."
+    ),
+)
+async def replay_many(store: StoreDep, body: DeadLetterFilterBody) -> dict[str, Any]:
+    flt = await _bulk_filter(store, body)
+    replayed = await store.replay_dead_letters(flt)
+    log.info("replayed %d dead letter(s): %s", len(replayed), _ids_for_log(replayed))
+    return _bulk_result("replayed", replayed, flt)
+
+
+@api.post(
+    "/deadletters/purge",
+    response_model=BulkResult,
+    responses=_MUTATION_ERRORS,
+    tags=["dead letters"],
+    summary="Delete the dead letters a filter selects",
+    description="The same body and rules as the bulk replay.",
+)
+async def purge_many(store: StoreDep, body: DeadLetterFilterBody) -> dict[str, Any]:
+    flt = await _bulk_filter(store, body)
+    purged = await store.purge_dead_letters(flt)
+    log.info("purged %d dead letter(s): %s", len(purged), _ids_for_log(purged))
+    return _bulk_result("purged", purged, flt)
+
+
+@api.post(
+    "/deadletters/{dead_letter_id}/replay",
+    response_model=BulkResult,
+    responses={**_MUTATION_ERRORS, 409: {"model": Problem, "description": "Not replayable."}},
+    tags=["dead letters"],
+    summary="Replay one dead letter",
+)
+async def replay_one(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str, Any]:
+    dead = await store.get_dead_letter(dead_letter_id)  # NotFound → 404
+    if dead.direction != "publish":
+        raise HTTPException(
+            409,
+            "this dead letter failed on the consuming side: its consumer retries it, it is not "
+            "moved back to the outbox",
+        )
+    flt = DeadLetterFilter(ids=[dead_letter_id])
+    replayed = await store.replay_dead_letters(flt)
+    if not replayed:  # deleted or replayed by someone else in the meantime
+        raise NotFound(f"no dead letter with id {dead_letter_id!r}")
+    log.info("replayed dead letter %s", dead_letter_id)
+    return _bulk_result("replayed", replayed, flt)
+
+
+@api.delete(
+    "/deadletters/{dead_letter_id}",
+    response_model=BulkResult,
+    responses=_MUTATION_ERRORS,
+    tags=["dead letters"],
+    summary="Discard one dead letter",
+)
+async def delete_one(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str, Any]:
+    flt = DeadLetterFilter(ids=[dead_letter_id])
+    purged = await store.purge_dead_letters(flt)
+    if not purged:
+        raise NotFound(f"no dead letter with id {dead_letter_id!r}")
+    log.info("purged dead letter %s", dead_letter_id)
+    return _bulk_result("purged", purged, flt)
+
+
+@api.get(
+    "/stats",
+    response_model=StatsOut,
+    responses=_ERRORS,
+    tags=["stats"],
+    summary="The figures of 'outboxer stats --json'",
+)
+async def stats(store: StoreDep) -> dict[str, Any]:
+    figures: dict[str, Any] = (await store.stats()).to_json()
+    return figures
+
+
+@probes.get("/healthz", summary="Liveness: the server answers")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@probes.get(
+    "/readyz",
+    response_model=ReadinessOut,
+    responses={503: {"model": ReadinessOut, "description": "Not ready; see the checks."}},
+    summary="Readiness: database reachable, relays alive, lag under the threshold",
+)
+async def readyz(
+    store: StoreDep, settings: Annotated[AdminSettings, Depends(_settings)]
+) -> JSONResponse:
+    body = await _readiness(store, settings)
+    return JSONResponse(body, status_code=200 if body["ready"] else 503)
+
+
+@probes.get(
+    "/metrics",
+    summary="Prometheus metrics computed from the store at scrape time",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Text format 0.0.4."}},
+)
+async def metrics(
+    store: StoreDep, settings: Annotated[AdminSettings, Depends(_settings)]
+) -> Response:
+    snapshot, _ = await _read_stats(store, settings.stats_timeout)
+    return Response(render_metrics(snapshot), media_type=CONTENT_TYPE)
+
+
+@probes.get("/", include_in_schema=False)
+async def dashboard() -> FileResponse:
+    return FileResponse(str(_STATIC / "index.html"), media_type="text/html")
+
+
+def create_app(
+    store: Store,
+    *,
+    token: str | None,
+    ready_max_age: float = 300.0,
+    ready_min_relays: int = 1,
+    stats_timeout: float = 5.0,
+    lifespan: Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]] | None = None,
+) -> FastAPI:
+    """The admin app over ``store``; the store's lifecycle is the caller's.
+
+    Args:
+        store: An open store (or one that ``lifespan`` opens).
+        token: The admin bearer token; ``None`` or empty leaves reads open and refuses
+            replay/delete.
+        ready_max_age: Oldest pending age (s) above which ``/readyz`` answers 503.
+        ready_min_relays: Live relays ``/readyz`` requires (0: not checked).
+        stats_timeout: Longest wait for the database in ``/readyz`` and ``/metrics`` (s).
+        lifespan: An extra lifespan run inside the app's (see :func:`create_app_from_url`).
+
+    Raises:
+        ConfigurationError: A setting is out of range.
+    """
+    settings = AdminSettings(
+        token=token or None,
+        ready_max_age=ready_max_age,
+        ready_min_relays=ready_min_relays,
+        stats_timeout=stats_timeout,
+    )
+
+    @contextlib.asynccontextmanager
+    async def app_lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.token is None:
+            log.warning("%s %s %s", "!" * 10, NO_TOKEN_WARNING, "!" * 10)
+        elif len(settings.token) < 16:
+            log.warning(
+                "the admin token is short (%d characters): use 32 or more", len(settings.token)
+            )
+        if lifespan is None:
+            yield
+        else:
+            async with lifespan(app):
+                yield
+
+    app = FastAPI(
+        title="outboxer admin",
+        version=_version(),
+        description=(
+            "Dead letters, stats, health and metrics of an outboxer transactional outbox. "
+            f"When the server has {TOKEN_ENV} set, every /api/ request needs "
+            "'Authorization: Bearer <token>'; without it, reads are open and replay/delete "
+            "answer 403."
+        ),
+        lifespan=app_lifespan,
+    )
+    app.state.store = store
+    app.state.settings = settings
+    _install_error_handlers(app)
+    app.add_middleware(_BearerAuth, token=settings.token)
+    app.add_middleware(_SecurityHeaders)
+    app.include_router(api)
+    app.include_router(probes)
+    app.mount("/static", StaticFiles(directory=str(_STATIC)), name="static")
+    return app
+
+
+def create_app_from_url(
+    database_url: str,
+    names: TableNames | None = None,
+    *,
+    token: str | None,
+    ready_max_age: float = 300.0,
+    ready_min_relays: int = 1,
+) -> FastAPI:
+    """The admin app over a store it opens at startup and closes at shutdown.
+
+    The URL is checked here (``ConfigurationError`` at once); the database is first contacted
+    when the server starts, and startup fails if the outbox schema is missing or outdated.
+    """
+    from outboxer.stores import store_from_url
+
+    store = store_from_url(database_url, names)
+
+    @contextlib.asynccontextmanager
+    async def open_store(_: FastAPI) -> AsyncIterator[None]:
+        async with store:
+            await store.check_schema()
+            yield
+
+    return create_app(
+        store,
+        token=token,
+        ready_max_age=ready_max_age,
+        ready_min_relays=ready_min_relays,
+        lifespan=open_store,
+    )
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _unprocessable(loc: Sequence[str], message: str) -> RequestValidationError:
+    return RequestValidationError([{"loc": tuple(loc), "msg": message, "type": "value_error"}])
+
+
+async def _bulk_filter(store: Store, body: DeadLetterFilterBody) -> DeadLetterFilter:
+    """The store filter for a bulk body; with ``ids``, refuse (404) unless all exist."""
+    if body.ids is None:
+        return DeadLetterFilter(topic=body.topic, type=body.type, key=body.key)
+    ids = list(dict.fromkeys(body.ids))
+    flt = DeadLetterFilter(ids=ids)
+    page = await store.list_dead_letters(flt, limit=len(ids), cursor=None)
+    missing = sorted(set(ids) - {d.id for d in page.items})
+    if missing:
+        raise NotFound(f"no dead letter with id {', '.join(repr(i) for i in missing[:10])}")
+    return flt
+
+
+def _bulk_result(verb: str, done: list[str], flt: DeadLetterFilter) -> dict[str, Any]:
+    missing = sorted(set(flt.ids or ()) - set(done))
+    return {verb: done, "count": len(done), "not_found": missing}
+
+
+def _ids_for_log(ids: list[str]) -> str:
+    return ", ".join(ids[:20]) + (f" (+{len(ids) - 20} more)" if len(ids) > 20 else "")
+
+
+async def _read_stats(store: Store, timeout: float) -> tuple[OutboxStats | None, str]:
+    """Stats, or ``None`` and why not: probes report a broken database, they never crash."""
+    try:
+        return await asyncio.wait_for(store.stats(), timeout), ""
+    except TimeoutError:
+        return None, f"the database did not answer within {timeout:g}s"
+    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable" to a probe
+        log.warning("stats query failed: %s", exc)
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+async def _readiness(store: Store, settings: AdminSettings) -> dict[str, Any]:
+    """Every check with ``ok`` and a ``detail`` sentence; ready only when all are ok."""
+    stats, error = await _read_stats(store, settings.stats_timeout)
+    checks: dict[str, dict[str, Any]] = {}
+    if stats is None:
+        unknown = "unknown: the database is unreachable"
+        checks["database"] = {"ok": False, "detail": f"unreachable: {error}"}
+        checks["relays"] = {"ok": False, "detail": unknown}
+        checks["lag"] = {"ok": False, "detail": unknown}
+    else:
+        live = len(stats.relays)
+        age = stats.oldest_pending_age_seconds
+        limit = settings.ready_max_age
+        checks["database"] = {"ok": True, "detail": "reachable"}
+        checks["relays"] = {
+            "ok": live >= settings.ready_min_relays,
+            "detail": f"{live} live relay(s), at least {settings.ready_min_relays} required",
+            "live": live,
+            "required": settings.ready_min_relays,
+        }
+        checks["lag"] = {
+            "ok": age is None or age <= limit,
+            "detail": "the outbox is empty"
+            if age is None
+            else f"the oldest pending message is {age:.1f}s old, limit {limit:g}s",
+            "oldest_pending_age_seconds": age,
+            "max_age_seconds": limit,
+        }
+    return {"ready": all(c["ok"] for c in checks.values()), "checks": checks}
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("outboxer")
+    except Exception:  # noqa: BLE001 - an uninstalled checkout still serves
+        return "0"

@@ -1,0 +1,750 @@
+"""The admin HTTP API against a real PostgreSQL store, through the ASGI interface.
+
+Dead letters are produced the way a relay produces them: claim, then settle with
+``Settlement(dead=...)``. Every mutating call is checked in the database (stats, claim), and
+every refused call is checked to have changed nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from outboxer.admin import create_app, create_app_from_url
+from outboxer.config import TableNames
+from outboxer.errors import ConfigurationError, StoreUnavailable
+from outboxer.outbox import Outbox
+from outboxer.ports import OutboxStats, RelayInfo, Settlement, Store
+from outboxer.stores.postgres import PostgresStore
+from outboxer.testing import InMemoryStore
+from tests.acceptance.conftest import OUTBOXER, ROOT
+
+TOKEN = "test-admin-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+Client = httpx.AsyncClient
+MakeDead = Callable[..., Awaitable[list[str]]]
+
+
+def client_for(app: Any, **options: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app, **options), base_url="http://admin.test"
+    )
+
+
+@pytest.fixture
+async def admin(pg_store: PostgresStore) -> AsyncIterator[Client]:
+    """A client of an app with a token, sending the token."""
+    async with client_for(create_app(pg_store, token=TOKEN)) as client:
+        client.headers.update(AUTH)
+        yield client
+
+
+@pytest.fixture
+async def make_dead(pg_store: PostgresStore, pg_url: str, pg_schema: str) -> MakeDead:
+    """``await make_dead(topic, n, type=..., key=...)``: commit n messages, dead-letter them."""
+    outbox = Outbox(schema=pg_schema)
+
+    async def make(
+        topic: str = "orders", n: int = 1, *, type: str | None = "OrderCreated", key: Any = None
+    ) -> list[str]:
+        conn = await asyncpg.connect(pg_url)
+        try:
+            async with conn.transaction():
+                ids = [
+                    await outbox.enqueue_async(
+                        conn,
+                        topic,
+                        {"order": i, "topic": topic},
+                        type=type,
+                        key=key(i) if callable(key) else key,
+                        headers={"trace": f"t{i}"},
+                    )
+                    for i in range(n)
+                ]
+        finally:
+            await conn.close()
+        claimed: list[str] = []
+        deadline = asyncio.get_running_loop().time() + 10
+        while set(claimed) != set(ids):
+            assert asyncio.get_running_loop().time() < deadline, "messages never claimable"
+            claim = await pg_store.claim_batch(
+                limit=1000, lease_seconds=30, ordered=False, relay_id="test-relay"
+            )
+            mine = [m.id for m in claim.messages if m.id in ids]
+            await pg_store.settle(
+                claim,
+                Settlement(
+                    dead=[(i, f"rejected by broker: {i}") for i in mine],
+                    released=[m.id for m in claim.messages if m.id not in ids],
+                ),
+            )
+            claimed += mine
+        return ids
+
+    return make
+
+
+async def snapshot(store: Store) -> tuple[int, int, int, list[str]]:
+    """What a refused request must leave untouched."""
+    stats = await store.stats()
+    page = await store.list_dead_letters(_everything(), limit=1000, cursor=None)
+    return stats.pending, stats.in_flight, stats.dead_letters, [d.id for d in page.items]
+
+
+def _everything() -> Any:
+    from outboxer.ports import DeadLetterFilter
+
+    return DeadLetterFilter()
+
+
+def assert_problem(response: httpx.Response, status: int) -> Any:
+    """A 4xx/5xx with a JSON ``{"detail": …}`` body and no stack trace."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"detail"} and body["detail"], body
+    assert "Traceback" not in response.text
+    return body["detail"]
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+async def test_list_shows_dead_letters_newest_first_in_the_contract_shape(
+    admin: Client, make_dead: MakeDead
+) -> None:
+    first = await make_dead("orders", 1, key="o-1")
+    second = await make_dead("payments", 1, type="PaymentTaken", key="p-1")
+    response = await admin.get("/api/deadletters")
+    assert response.status_code == 200
+    body = response.json()
+    assert set(body) == {"items", "next_cursor"} and body["next_cursor"] is None
+    assert [d["id"] for d in body["items"]] == second + first
+    item = body["items"][1]
+    assert set(item) >= {
+        "id",
+        "topic",
+        "key",
+        "type",
+        "payload",
+        "headers",
+        "created_at",
+        "dead_lettered_at",
+        "failure_reason",
+        "attempts",
+        "direction",
+    }
+    assert (item["topic"], item["key"], item["type"]) == ("orders", "o-1", "OrderCreated")
+    assert item["payload"] == {"order": 0, "topic": "orders"}
+    assert item["headers"] == {"trace": "t0"}
+    assert item["failure_reason"] == f"rejected by broker: {first[0]}"
+    assert (item["attempts"], item["direction"]) == (1, "publish")
+    assert dt.datetime.fromisoformat(item["dead_lettered_at"]) >= dt.datetime.fromisoformat(
+        item["created_at"]
+    )
+
+
+async def test_pagination_visits_every_dead_letter_exactly_once(
+    admin: Client, make_dead: MakeDead
+) -> None:
+    ids = await make_dead("orders", 7)
+    seen: list[str] = []
+    cursor: str | None = None
+    pages = 0
+    while True:
+        params: dict[str, Any] = {"limit": 3}
+        if cursor:
+            params["cursor"] = cursor
+        body = (await admin.get("/api/deadletters", params=params)).json()
+        assert len(body["items"]) <= 3
+        seen += [d["id"] for d in body["items"]]
+        pages += 1
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 3
+    assert sorted(seen) == sorted(ids) and len(seen) == len(set(seen))
+    times = [(await admin.get(f"/api/deadletters/{i}")).json()["dead_lettered_at"] for i in seen]
+    assert times == sorted(times, reverse=True)  # newest first across pages
+
+
+async def test_filters_by_topic_type_and_key(admin: Client, make_dead: MakeDead) -> None:
+    orders = await make_dead("orders", 3, type="OrderCreated", key=lambda i: f"o{i}")
+    payments = await make_dead("payments", 2, type="PaymentTaken", key=lambda i: f"p{i}")
+
+    async def ids(**params: str) -> set[str]:
+        response = await admin.get("/api/deadletters", params=params)
+        assert response.status_code == 200, response.text
+        return {d["id"] for d in response.json()["items"]}
+
+    assert await ids(topic="orders") == set(orders)
+    assert await ids(type="PaymentTaken") == set(payments)
+    assert await ids(key="o1") == {orders[1]}
+    assert await ids(topic="orders", key="p0") == set()
+    assert await ids(topic="nowhere") == set()
+
+
+async def test_show_one_dead_letter(admin: Client, make_dead: MakeDead) -> None:
+    (dead_id,) = await make_dead("orders", 1, key="o-9")
+    response = await admin.get(f"/api/deadletters/{dead_id}")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["id"] == dead_id and body["key"] == "o-9"
+    assert body["payload"] == {"order": 0, "topic": "orders"}
+    assert body["failure_reason"].startswith("rejected by broker") and body["attempts"] == 1
+
+
+async def test_stats_are_the_figures_of_the_cli(
+    admin: Client, make_dead: MakeDead, pg_url: str, pg_schema: str
+) -> None:
+    await make_dead("orders", 2)
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await Outbox(schema=pg_schema).enqueue_async(conn, "orders", {"n": 1})
+    finally:
+        await conn.close()
+    api = (await admin.get("/api/stats")).json()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
+    cli = await asyncio.create_subprocess_exec(
+        OUTBOXER,
+        *("stats", "--database-url", pg_url, "--schema", pg_schema, "--json"),
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    stdout, _ = await asyncio.wait_for(cli.communicate(), 60)
+    assert cli.returncode == 0
+    figures = json.loads(stdout)
+    assert set(api) == set(figures)
+    for name in ("pending", "in_flight", "dead_letters", "relays", "last_sweep"):
+        assert api[name] == figures[name], name
+    assert (api["pending"], api["dead_letters"]) == (1, 2)
+    assert api["oldest_pending_age_seconds"] >= 0
+
+
+async def test_openapi_schema_and_docs_are_published(admin: Client) -> None:
+    schema = (await admin.get("/openapi.json")).json()
+    assert {
+        "/api/deadletters",
+        "/api/deadletters/{dead_letter_id}",
+        "/api/deadletters/{dead_letter_id}/replay",
+        "/api/deadletters/replay",
+        "/api/stats",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    } <= set(schema["paths"])
+    assert set(schema["paths"]["/api/deadletters/{dead_letter_id}"]) == {"get", "delete"}
+    assert "HTTPBearer" in schema["components"]["securitySchemes"]
+    assert (await admin.get("/docs")).status_code == 200
+
+
+async def test_dashboard_is_served_with_its_assets_and_a_strict_policy(admin: Client) -> None:
+    page = await admin.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert page.headers["x-frame-options"] == "DENY"
+    for asset in ("static/dashboard.js", "static/dashboard.css"):
+        assert asset in page.text
+        assert (await admin.get(f"/{asset}")).status_code == 200
+    assert "cdn" not in page.text.lower() and "https://" not in page.text
+
+
+# -- replay and delete ---------------------------------------------------------------------------
+
+
+async def test_replay_one_moves_it_back_to_the_outbox_with_its_id_and_attempts_reset(
+    admin: Client, make_dead: MakeDead, pg_store: PostgresStore
+) -> None:
+    target, other = await make_dead("orders", 2, key=lambda i: f"o{i}")
+    before = await pg_store.stats()
+    response = await admin.post(f"/api/deadletters/{target}/replay")
+    assert response.status_code == 200, response.text
+    assert response.json() == {"replayed": [target], "count": 1, "not_found": []}
+    after = await pg_store.stats()
+    assert (after.pending, after.dead_letters) == (before.pending + 1, before.dead_letters - 1)
+    claim = await pg_store.claim_batch(limit=10, lease_seconds=30, ordered=False, relay_id="r")
+    assert [(m.id, m.attempts, m.key) for m in claim.messages] == [(target, 0, "o0")]
+    assert claim.messages[0].json() == {"order": 0, "topic": "orders"}
+    assert (await admin.get(f"/api/deadletters/{target}")).status_code == 404
+    assert (await admin.get(f"/api/deadletters/{other}")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"topic": "orders"}, "orders"),
+        ({"type": "OrderCreated"}, "orders"),
+        ({"key": "shared"}, "orders"),
+        ({"all": True}, "all"),
+    ],
+)
+async def test_bulk_replay_by_filter(
+    admin: Client, make_dead: MakeDead, pg_store: PostgresStore, body: Any, expected: str
+) -> None:
+    orders = await make_dead("orders", 3, type="OrderCreated", key="shared")
+    payments = await make_dead("payments", 2, type="PaymentTaken", key="other")
+    response = await admin.post("/api/deadletters/replay", json=body)
+    assert response.status_code == 200, response.text
+    want = orders if expected == "orders" else orders + payments
+    assert sorted(response.json()["replayed"]) == sorted(want)
+    assert response.json()["count"] == len(want)
+    stats = await pg_store.stats()
+    assert (stats.pending, stats.dead_letters) == (len(want), 5 - len(want))
+    claim = await pg_store.claim_batch(limit=100, lease_seconds=30, ordered=False, relay_id="r")
+    assert sorted(m.id for m in claim.messages) == sorted(want)
+    assert {m.attempts for m in claim.messages} == {0}
+
+
+async def test_bulk_replay_by_ids(
+    admin: Client, make_dead: MakeDead, pg_store: PostgresStore
+) -> None:
+    ids = await make_dead("orders", 4)
+    chosen = [ids[0], ids[2]]
+    response = await admin.post("/api/deadletters/replay", json={"ids": [*chosen, ids[0]]})
+    assert response.status_code == 200, response.text
+    assert sorted(response.json()["replayed"]) == sorted(chosen)
+    assert (await pg_store.stats()).dead_letters == 2
+    remaining = (await admin.get("/api/deadletters")).json()["items"]
+    assert sorted(d["id"] for d in remaining) == sorted([ids[1], ids[3]])
+
+
+async def test_bulk_replay_with_an_unknown_id_replays_nothing(
+    admin: Client, make_dead: MakeDead, pg_store: PostgresStore
+) -> None:
+    ids = await make_dead("orders", 2)
+    before = await snapshot(pg_store)
+    response = await admin.post("/api/deadletters/replay", json={"ids": [ids[0], "no-such-id"]})
+    assert "no-such-id" in assert_problem(response, 404)
+    assert await snapshot(pg_store) == before
+
+
+async def test_delete_one_and_purge_by_filter(
+    admin: Client, make_dead: MakeDead, pg_store: PostgresStore
+) -> None:
+    orders = await make_dead("orders", 3)
+    payments = await make_dead("payments", 2, type="PaymentTaken")
+    response = await admin.delete(f"/api/deadletters/{orders[0]}")
+    assert response.status_code == 200
+    assert response.json() == {"purged": [orders[0]], "count": 1, "not_found": []}
+    assert (await admin.get(f"/api/deadletters/{orders[0]}")).status_code == 404
+    assert_problem(await admin.delete(f"/api/deadletters/{orders[0]}"), 404)
+    purged = await admin.post("/api/deadletters/purge", json={"topic": "payments"})
+    assert purged.status_code == 200 and sorted(purged.json()["purged"]) == sorted(payments)
+    stats = await pg_store.stats()
+    assert (stats.pending, stats.dead_letters) == (0, 2)  # deleted, not replayed
+
+
+# -- authorization -------------------------------------------------------------------------------
+
+
+async def test_with_a_token_every_api_request_needs_it(
+    pg_store: PostgresStore, make_dead: MakeDead
+) -> None:
+    (dead_id,) = await make_dead("orders", 1)
+    before = await snapshot(pg_store)
+    requests = [
+        ("GET", "/api/deadletters", None),
+        ("GET", f"/api/deadletters/{dead_id}", None),
+        ("GET", "/api/stats", None),
+        ("POST", f"/api/deadletters/{dead_id}/replay", None),
+        ("POST", "/api/deadletters/replay", {"all": True}),
+        ("POST", "/api/deadletters/purge", {"all": True}),
+        ("DELETE", f"/api/deadletters/{dead_id}", None),
+        ("POST", "/api/deadletters/replay", "{not json"),  # refused before it is even parsed
+    ]
+    async with client_for(create_app(pg_store, token=TOKEN)) as client:
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong-token"},
+            {"Authorization": f"Basic {TOKEN}"},
+            {"Authorization": f"Bearer {TOKEN}x"},
+            {"Authorization": TOKEN},
+        ):
+            for method, url, body in requests:
+                kwargs: dict[str, Any] = {"headers": headers}
+                if isinstance(body, str):
+                    kwargs["content"] = body
+                elif body is not None:
+                    kwargs["json"] = body
+                response = await client.request(method, url, **kwargs)
+                assert_problem(response, 401)
+                assert response.headers["www-authenticate"] == "Bearer"
+        assert await snapshot(pg_store) == before
+        for path in ("/healthz", "/metrics", "/openapi.json", "/"):
+            assert (await client.get(path)).status_code == 200, path  # probes stay open
+        ok = await client.get("/api/deadletters", headers=AUTH)
+        assert ok.status_code == 200 and [d["id"] for d in ok.json()["items"]] == [dead_id]
+        lower = await client.get("/api/stats", headers={"authorization": f"bearer {TOKEN}"})
+        assert lower.status_code == 200  # the scheme is case-insensitive (RFC 7235)
+        replay = await client.post(f"/api/deadletters/{dead_id}/replay", headers=AUTH)
+        assert replay.status_code == 200
+    assert (await pg_store.stats()).dead_letters == 0
+
+
+async def test_without_a_token_reads_are_open_and_mutations_refused(
+    pg_store: PostgresStore, make_dead: MakeDead, caplog: pytest.LogCaptureFixture
+) -> None:
+    (dead_id,) = await make_dead("orders", 1)
+    before = await snapshot(pg_store)
+    app = create_app(pg_store, token=None)
+    with caplog.at_level(logging.WARNING, logger="outboxer.admin"):
+        async with app.router.lifespan_context(app), client_for(app) as client:
+            assert (await client.get("/api/deadletters")).status_code == 200
+            assert (await client.get(f"/api/deadletters/{dead_id}")).status_code == 200
+            assert (await client.get("/api/stats")).status_code == 200
+            for method, url, body in (
+                ("POST", f"/api/deadletters/{dead_id}/replay", None),
+                ("POST", "/api/deadletters/replay", {"ids": [dead_id]}),
+                ("POST", "/api/deadletters/purge", {"ids": [dead_id]}),
+                ("DELETE", f"/api/deadletters/{dead_id}", None),
+            ):
+                response = await client.request(method, url, json=body)
+                assert "OUTBOXER_ADMIN_TOKEN" in assert_problem(response, 403)
+                # A token the server does not have changes nothing either.
+                response = await client.request(method, url, json=body, headers=AUTH)
+                assert_problem(response, 403)
+    assert await snapshot(pg_store) == before
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("NO ADMIN TOKEN" in r.getMessage() for r in warnings)
+
+
+async def test_mounted_under_a_prefix_the_token_still_guards_the_api(
+    pg_store: PostgresStore, make_dead: MakeDead
+) -> None:
+    from fastapi import FastAPI
+
+    (dead_id,) = await make_dead("orders", 1)
+    outer = FastAPI()
+    outer.mount("/ops/outboxer", create_app(pg_store, token=TOKEN))
+    async with client_for(outer) as client:
+        assert_problem(await client.get("/ops/outboxer/api/stats"), 401)
+        assert_problem(await client.post(f"/ops/outboxer/api/deadletters/{dead_id}/replay"), 401)
+        ok = await client.get("/ops/outboxer/api/deadletters", headers=AUTH)
+        assert ok.status_code == 200 and ok.json()["items"][0]["id"] == dead_id
+        page = await client.get("/ops/outboxer/")
+        assert page.status_code == 200 and "content-security-policy" in page.headers
+    assert (await pg_store.stats()).dead_letters == 1
+
+
+async def test_an_empty_token_counts_as_no_token(pg_store: PostgresStore) -> None:
+    async with client_for(create_app(pg_store, token="")) as client:
+        assert (await client.get("/api/stats")).status_code == 200
+        assert_problem(await client.post("/api/deadletters/replay", json={"all": True}), 403)
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+BAD_REQUESTS = [
+    ("GET", "/api/deadletters?limit=0", None, 422),
+    ("GET", "/api/deadletters?limit=-1", None, 422),
+    ("GET", "/api/deadletters?limit=1001", None, 422),
+    ("GET", "/api/deadletters?limit=ten", None, 422),
+    ("GET", "/api/deadletters?cursor=abc", None, 422),
+    ("GET", "/api/deadletters?cursor=-5", None, 422),
+    ("GET", "/api/deadletters?cursor=99999999999999999999999", None, 422),
+    ("GET", "/api/deadletters?topic=", None, 422),
+    ("GET", "/api/deadletters?topc=orders", None, 422),  # a misspelt filter
+    ("GET", "/api/deadletters?topic=a%00b", None, 422),
+    ("GET", "/api/deadletters/no-such-id", None, 404),
+    ("GET", "/api/deadletters/a%00b", None, 422),
+    ("POST", "/api/deadletters/no-such-id/replay", None, 404),
+    ("DELETE", "/api/deadletters/no-such-id", None, 404),
+    ("POST", "/api/deadletters/replay", b"", 422),
+    ("POST", "/api/deadletters/replay", b"{not json", 422),
+    ("POST", "/api/deadletters/replay", b"[]", 422),
+    ("POST", "/api/deadletters/replay", b"{}", 422),  # replaying everything must be explicit
+    ("POST", "/api/deadletters/replay", b'{"all": false}', 422),
+    ("POST", "/api/deadletters/replay", b'{"all": "yes please"}', 422),
+    ("POST", "/api/deadletters/replay", b'{"topik": "orders"}', 422),
+    ("POST", "/api/deadletters/replay", b'{"topic": "orders", "all": true}', 422),
+    ("POST", "/api/deadletters/replay", b'{"ids": []}', 422),
+    ("POST", "/api/deadletters/replay", b'{"ids": "abc"}', 422),
+    ("POST", "/api/deadletters/replay", b'{"ids": [1, 2]}', 422),
+    ("POST", "/api/deadletters/replay", b'{"ids": ["a\\u0000b"]}', 422),
+    ("POST", "/api/deadletters/replay", b'{"ids": ["\\ud800"]}', 422),
+    ("POST", "/api/deadletters/replay", b'{"ids": ["no-such-id"]}', 404),
+    ("POST", "/api/deadletters/replay", b'{"topic": ""}', 422),
+    ("POST", "/api/deadletters/purge", b"{}", 422),
+    ("POST", "/api/deadletters/purge", b'{"key": null}', 422),
+    ("PUT", "/api/stats", None, 405),
+    ("GET", "/api/nothing-here", None, 404),
+]
+
+
+@pytest.mark.parametrize(("method", "url", "body", "status"), BAD_REQUESTS)
+async def test_bad_input_gets_a_json_4xx_and_changes_nothing(
+    admin: Client,
+    make_dead: MakeDead,
+    pg_store: PostgresStore,
+    method: str,
+    url: str,
+    body: bytes | None,
+    status: int,
+) -> None:
+    await make_dead("orders", 2)
+    before = await snapshot(pg_store)
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    response = await admin.request(method, url, content=body, headers=headers)
+    assert_problem(response, status)
+    assert await snapshot(pg_store) == before
+
+
+async def test_field_errors_name_the_field(admin: Client) -> None:
+    detail = assert_problem(await admin.get("/api/deadletters", params={"limit": 0}), 422)
+    assert detail[0]["loc"] == ["query", "limit"] and "1" in detail[0]["msg"]
+    detail = assert_problem(await admin.post("/api/deadletters/replay", json={"x": 1}), 422)
+    assert detail[0]["loc"] == ["body", "x"]
+    detail = assert_problem(await admin.post("/api/deadletters/replay", json={}), 422)
+    assert '"all": true' in detail[0]["msg"]
+
+
+class _BrokenStore(InMemoryStore):
+    """A store whose database is gone, or whose code fails unexpectedly."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    async def stats(self) -> OutboxStats:
+        raise self.error
+
+    async def list_dead_letters(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.error
+
+
+async def test_store_failures_are_json_errors_never_stack_traces(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    unavailable = _BrokenStore(StoreUnavailable("PostgreSQL unavailable: connection refused"))
+    async with client_for(create_app(unavailable, token=TOKEN)) as client:
+        client.headers.update(AUTH)
+        detail = assert_problem(await client.get("/api/stats"), 503)
+        assert "connection refused" in detail
+        assert_problem(await client.get("/api/deadletters"), 503)
+        metrics = await client.get("/metrics")
+        assert metrics.status_code == 200 and "outboxer_database_up 0.0" in metrics.text
+    broken = _BrokenStore(RuntimeError("secret internals"))
+    with caplog.at_level(logging.ERROR, logger="outboxer.admin"):
+        async with client_for(create_app(broken, token=TOKEN), raise_app_exceptions=False) as c:
+            response = await c.get("/api/deadletters", headers=AUTH)
+    detail = assert_problem(response, 500)
+    assert "secret" not in detail
+    assert any("secret internals" in str(r.exc_info) for r in caplog.records)  # logged
+
+
+# -- readiness -----------------------------------------------------------------------------------
+
+
+async def test_not_ready_without_a_live_relay_then_ready_with_one(
+    pg_store: PostgresStore,
+) -> None:
+    async with client_for(create_app(pg_store, token=TOKEN)) as client:
+        response = await client.get("/readyz")
+        assert response.status_code == 503
+        body = response.json()
+        assert body["ready"] is False
+        assert body["checks"]["database"]["ok"] is True
+        assert body["checks"]["relays"]["ok"] is False and body["checks"]["relays"]["live"] == 0
+        assert "0 live relay" in body["checks"]["relays"]["detail"]
+        assert body["checks"]["lag"]["ok"] is True
+        now = dt.datetime.now(dt.UTC)
+        await pg_store.heartbeat(RelayInfo("relay-1", "host", 42, now, now))
+        response = await client.get("/readyz")
+        assert response.status_code == 200, response.text
+        assert response.json()["ready"] is True
+        assert all(check["ok"] for check in response.json()["checks"].values())
+
+
+async def test_not_ready_when_the_oldest_pending_message_is_too_old(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    now = dt.datetime.now(dt.UTC)
+    await pg_store.heartbeat(RelayInfo("relay-1", "host", 42, now, now))
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await Outbox(schema=pg_schema).enqueue_async(conn, "orders", {"n": 1})
+    finally:
+        await conn.close()
+    await asyncio.sleep(0.3)
+    async with client_for(create_app(pg_store, token=TOKEN, ready_max_age=0.2)) as client:
+        response = await client.get("/readyz")
+    assert response.status_code == 503
+    lag = response.json()["checks"]["lag"]
+    assert lag["ok"] is False and lag["max_age_seconds"] == 0.2
+    assert lag["oldest_pending_age_seconds"] > 0.2 and "limit 0.2s" in lag["detail"]
+    assert response.json()["checks"]["relays"]["ok"] is True
+
+
+async def test_not_ready_when_the_database_is_unreachable() -> None:
+    store = PostgresStore("postgresql://postgres@127.0.0.1:1/test")  # never opened: unusable
+    async with client_for(create_app(store, token=TOKEN, ready_min_relays=0)) as client:
+        response = await client.get("/readyz")
+        assert (await client.get("/healthz")).json() == {"status": "ok"}  # still alive
+    assert response.status_code == 503
+    checks = response.json()["checks"]
+    assert checks["database"]["ok"] is False and "unreachable" in checks["database"]["detail"]
+    assert checks["relays"]["ok"] is False and checks["lag"]["ok"] is False
+
+
+async def test_readiness_without_a_relay_requirement(pg_store: PostgresStore) -> None:
+    async with client_for(create_app(pg_store, token=None, ready_min_relays=0)) as client:
+        response = await client.get("/readyz")
+    assert response.status_code == 200 and response.json()["ready"] is True
+
+
+def test_invalid_settings_are_refused_at_once() -> None:
+    with pytest.raises(ConfigurationError, match="ready_max_age"):
+        create_app(InMemoryStore(), token=None, ready_max_age=0)
+    with pytest.raises(ConfigurationError, match="ready_min_relays"):
+        create_app(InMemoryStore(), token=None, ready_min_relays=-1)
+    with pytest.raises(ConfigurationError, match="unsupported database URL"):
+        create_app_from_url("mongodb://x", token=None)
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+
+def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    values = {}
+    for family in text_string_to_metric_families(text):
+        assert family.type == "gauge", family.name
+        for sample in family.samples:
+            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return values
+
+
+async def test_metrics_report_a_known_state(
+    admin: Client, make_dead: MakeDead, pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    await make_dead("orders", 3)
+    conn = await asyncpg.connect(pg_url)
+    try:
+        outbox = Outbox(schema=pg_schema)
+        for n in range(4):
+            await outbox.enqueue_async(conn, "orders", {"n": n})
+    finally:
+        await conn.close()
+    now = dt.datetime.now(dt.UTC)
+    await pg_store.heartbeat(RelayInfo("relay-a", "host", 7, now, now))
+    deadline = asyncio.get_running_loop().time() + 10
+    held: list[str] = []
+    while not held:  # one message leased by relay-a
+        assert asyncio.get_running_loop().time() < deadline
+        claim = await pg_store.claim_batch(
+            limit=1, lease_seconds=60, ordered=False, relay_id="relay-a"
+        )
+        held = [m.id for m in claim.messages]
+    response = await admin.get("/metrics")  # no token needed, but sending one does no harm
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    values = parse_metrics(response.text)
+    assert values[("outboxer_database_up", ())] == 1
+    assert values[("outboxer_pending_messages", ())] == 3
+    assert values[("outboxer_in_flight_messages", ())] == 1
+    assert values[("outboxer_dead_letters", ())] == 3
+    assert values[("outboxer_live_relays", ())] == 1
+    assert values[("outboxer_relay_in_flight_messages", (("relay_id", "relay-a"),))] == 1
+    heartbeat = values[("outboxer_relay_heartbeat_timestamp_seconds", (("relay_id", "relay-a"),))]
+    assert abs(heartbeat - now.timestamp()) < 60
+    stats = await pg_store.stats()
+    age = values[("outboxer_oldest_pending_age_seconds", ())]
+    assert stats.oldest_pending_age_seconds is not None
+    assert 0 < age <= stats.oldest_pending_age_seconds
+
+
+async def test_metrics_of_an_empty_outbox(admin: Client) -> None:
+    values = parse_metrics((await admin.get("/metrics")).text)
+    for name in (
+        "outboxer_pending_messages",
+        "outboxer_in_flight_messages",
+        "outboxer_dead_letters",
+        "outboxer_oldest_pending_age_seconds",
+        "outboxer_live_relays",
+    ):
+        assert values[(name, ())] == 0, name
+
+
+async def test_two_apps_in_one_process_report_their_own_store(
+    admin: Client, make_dead: MakeDead
+) -> None:
+    """No global gauges: each app's scrape reads its own store."""
+    await make_dead("orders", 2)
+    memory = InMemoryStore()
+    memory.enqueue("t", {"n": 1})
+    async with client_for(create_app(memory, token=None)) as other:
+        theirs = parse_metrics((await other.get("/metrics")).text)
+    ours = parse_metrics((await admin.get("/metrics")).text)
+    assert ours[("outboxer_dead_letters", ())] == 2 and ours[("outboxer_pending_messages", ())] == 0
+    assert theirs[("outboxer_dead_letters", ())] == 0
+    assert theirs[("outboxer_pending_messages", ())] == 1
+
+
+def test_metrics_include_the_last_sweep_and_unowned_leases_when_reported() -> None:
+    from types import SimpleNamespace
+
+    from outboxer.admin.metrics import render_metrics
+
+    figures = {
+        "unowned_in_flight": 2,
+        "last_sweep": {
+            "started_at": "2026-01-02T03:04:05+00:00",
+            "completed_at": "2026-01-02T03:04:06+00:00",
+            "swept_by": "relay-1",
+            "publish_retries": 3,
+            "consume_failures": 1,
+        },
+    }
+    stats = SimpleNamespace(
+        pending=1,
+        in_flight=0,
+        dead_letters=0,
+        oldest_pending_age_seconds=None,
+        relays=[],
+        to_json=lambda: figures,
+    )
+    values = parse_metrics(render_metrics(stats).decode())  # type: ignore[arg-type]
+    completed = dt.datetime(2026, 1, 2, 3, 4, 6, tzinfo=dt.UTC).timestamp()
+    assert values[("outboxer_last_sweep_completed_timestamp_seconds", ())] == completed
+    assert values[("outboxer_last_sweep_started_timestamp_seconds", ())] == completed - 1
+    assert values[("outboxer_last_sweep_publish_retries", ())] == 3
+    assert values[("outboxer_last_sweep_consume_failures", ())] == 1
+    assert values[("outboxer_unowned_in_flight_messages", ())] == 2
+    assert values[("outboxer_oldest_pending_age_seconds", ())] == 0
+    assert not any("swept_by" in name for name, _ in values)
+
+
+# -- the app that owns its store -----------------------------------------------------------------
+
+
+async def test_app_from_url_opens_and_closes_its_store(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str, make_dead: MakeDead
+) -> None:
+    (dead_id,) = await make_dead("orders", 1)
+    app = create_app_from_url(pg_url, TableNames(schema=pg_schema), token=TOKEN)
+    async with app.router.lifespan_context(app), client_for(app) as client:
+        response = await client.post(f"/api/deadletters/{dead_id}/replay", headers=AUTH)
+        assert response.status_code == 200
+    assert (await pg_store.stats()).pending == 1
+    with pytest.raises(RuntimeError, match="not open"):
+        await app.state.store.stats()  # closed with the app
+
+
+async def test_app_from_url_refuses_to_start_on_a_missing_schema(pg_url: str) -> None:
+    from outboxer.errors import SchemaError
+
+    app = create_app_from_url(pg_url, TableNames(schema="no_such_schema_x"), token=TOKEN)
+    with pytest.raises(SchemaError, match="outboxer db upgrade"):
+        async with app.router.lifespan_context(app):
+            pass
