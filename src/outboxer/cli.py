@@ -268,6 +268,13 @@ def db_upgrade(database_url: str, schema: str | None, table: str) -> None:
     default=None,
     help="Instance name (default host:pid:random).",
 )
+@click.option(
+    "--webhook-secret",
+    envvar="OUTBOXER_WEBHOOK_SECRET",
+    show_envvar=True,
+    default=None,
+    help="HMAC-SHA256 key signing http(s):// webhook requests.",
+)
 def relay(
     database_url: str,
     schema: str | None,
@@ -285,6 +292,7 @@ def relay(
     poll_interval: float,
     shutdown_timeout: float,
     relay_id: str | None,
+    webhook_secret: str | None,
 ) -> None:
     """Publish outbox messages to the broker until SIGTERM/SIGINT (graceful: nothing lost)."""
     try:
@@ -304,14 +312,16 @@ def relay(
         )
     except ConfigurationError as exc:
         _fail(str(exc), EXIT_USAGE)
-    _run(_relay(database_url, _names(schema, table), broker, settings))
+    _run(_relay(database_url, _names(schema, table), broker, settings, webhook_secret))
 
 
-async def _relay(url: str, names: TableNames, broker: str, settings: RelaySettings) -> None:
+async def _relay(
+    url: str, names: TableNames, broker: str, settings: RelaySettings, secret: str | None
+) -> None:
     from outboxer.publishers import publisher_from_url
     from outboxer.relay import Relay
 
-    publisher = publisher_from_url(broker)
+    publisher = publisher_from_url(broker, webhook_secret=secret)
     async with _open_store(url, names) as store, publisher:
         relay = Relay(store, publisher, settings)
         loop = asyncio.get_running_loop()

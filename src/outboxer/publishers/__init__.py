@@ -27,8 +27,11 @@ _ADAPTERS = {
 }
 
 
-def publisher_from_url(url: str) -> Publisher:
-    """A (not yet entered) publisher for a broker URL, e.g. ``kafka://127.0.0.1:9092``."""
+def publisher_from_url(url: str, *, webhook_secret: str | None = None) -> Publisher:
+    """A (not yet entered) publisher for a broker URL, e.g. ``kafka://127.0.0.1:9092``.
+
+    ``webhook_secret`` signs HTTP webhook requests (never taken from the URL, which gets logged).
+    """
     scheme = url.partition("://")[0].lower() if "://" in url else ""
     if scheme not in _ADAPTERS:
         raise ConfigurationError(
@@ -43,5 +46,11 @@ def publisher_from_url(url: str) -> Publisher:
         raise ConfigurationError(
             f"the {scheme}:// publisher is not available: {exc}{hint}"
         ) from exc
-    publisher: Publisher = getattr(module, class_name).from_url(url)
+    factory = getattr(module, class_name).from_url
+    if scheme in ("http", "https"):
+        publisher: Publisher = factory(url, secret=webhook_secret)
+    else:
+        if webhook_secret is not None:
+            raise ConfigurationError("a webhook secret only applies to http(s):// brokers")
+        publisher = factory(url)
     return publisher

@@ -1,0 +1,605 @@
+"""HTTP webhook publisher: one POST per message, CloudEvents HTTP binary mode, HMAC-signed.
+
+URL: ``http(s)://[user:password@]host[:port]/path[?query]``. The endpoint is POSTed to as
+given; ``{topic}`` anywhere in it is replaced by the message's topic (percent-encoded), so
+``https://hooks.example.com/outbox/{topic}`` sends each topic to its own path. Query
+parameters named ``outboxer_*`` are outboxer's own and are removed before sending:
+
+=========================== ========= ================================================
+``outboxer_concurrency``     64        requests in flight at once (= HTTP/1.1 keep-alive
+                                       connections in the pool), across publish calls
+``outboxer_timeout``         10        seconds to wait for the response (read/write)
+``outboxer_connect_timeout`` 5         seconds to establish a connection
+``outboxer_source``          outboxer  the CloudEvents ``source`` attribute
+=========================== ========= ================================================
+
+The HMAC secret is never read from the URL (URLs end up in logs, process lists and shell
+history): pass ``secret=`` (the CLI reads ``OUTBOXER_WEBHOOK_SECRET``). Keyword arguments win
+over URL options.
+
+Wire format (CloudEvents 1.0, HTTP protocol binding, *binary* content mode)::
+
+    POST <endpoint>
+    content-type: <message.content_type>          (the CloudEvents datacontenttype)
+    ce-specversion: 1.0
+    ce-id: <message.id>                           (stable: receivers deduplicate on it)
+    ce-type: <message.type, or the topic when the message has no type>
+    ce-source: <source>                           (default "outboxer")
+    ce-time: <message.created_at, RFC 3339 UTC, e.g. 2024-05-01T12:00:00.123456Z>
+    ce-topic: <message.topic>                     (extension attribute)
+    ce-partitionkey: <message.key>                (partitioning extension; only when keyed)
+    webhook-signature: sha256=<hex>               (only when a secret is configured)
+    <user header>: <value>                        (each message header, under its own name)
+
+    <payload bytes>
+
+``ce-*`` values are percent-encoded where the binding requires it (bytes outside printable
+ASCII, space, ``"`` and ``%``). The signature is ``HMAC-SHA256(secret, ce-id + "." + ce-time +
+"." + body)`` over the header values exactly as sent and the raw body, in lower-case hex.
+
+User headers travel as plain HTTP headers with their own names, because CloudEvents extension
+names must be lower-case alphanumeric, which ``x-trace`` or ``Tenant`` are not. A user header
+whose name is reserved -- any ``ce-*`` name, ``content-type``, ``content-length``,
+``webhook-signature``, HTTP/1.1 framing and connection headers (``host``, ``connection``,
+``transfer-encoding``, ...) or a header configured with ``headers=`` -- or whose name is not an
+HTTP token or whose value is not printable ASCII is never sent: the message fails permanently
+with the reason, since no retry could change it and silently dropping or renaming the header
+would change what the receiver sees without anyone noticing.
+
+Error classification:
+
+======================================================== =========================
+what happened                                            result
+======================================================== =========================
+2xx                                                      acknowledged (``None``)
+408, 429, 5xx, and any status outside 2xx-5xx            ``RetryablePublishError``
+3xx (redirects are not followed) and other 4xx           ``PermanentPublishError``
+connection refused, DNS failure, connect timeout, proxy  ``BrokerUnavailable``
+read or write timeout (response too slow)                ``RetryablePublishError``
+connection dropped mid-request (twice in a row)          ``RetryablePublishError``
+reserved/invalid user header                             ``PermanentPublishError``
+======================================================== =========================
+
+Why a read timeout is retryable and not "broker down": the receiver accepted the connection and
+the request, so it is up; it may even have processed the message (the retry is a duplicate its
+``ce-id`` lets it drop). A message that makes the receiver hang must count attempts and end in
+the dead-letter table, not stall the whole relay behind an outage backoff forever. A real outage
+shows up as a connect failure on the next request, which is ``BrokerUnavailable``.
+
+A connection dropped mid-request is tried once more at once on a fresh connection: HTTP/1.1
+keep-alive connections the receiver closed (idle timeout, restart) look like that, and the
+duplicate this may cause is harmless under at-least-once delivery.
+
+Concurrency and ordering: at most ``concurrency`` requests are in flight per publisher, across
+concurrent ``publish`` calls, over as many HTTP/1.1 keep-alive connections. The window is a queue
+of slots (a semaphore that also says which connection pool to use): the connections are split
+into ``httpx.AsyncClient`` pools of 4, because httpcore walks its whole pool on every request and
+one pool of 64 ran about 4x slower than sixteen pools of 4. Requests never wait inside httpx.
+
+Within one call, messages with the same key are sent one after the other in input order, keys
+run concurrently; once a keyed message fails, the later messages of that key in the call are not
+sent (``RetryablePublishError``), so a receiver never sees a key's messages out of order.
+Unkeyed messages have no order.
+
+Outages: while the receiver is known to be unreachable (and before the first success), a
+``publish`` call first sends one message alone; if that cannot connect, every message of the call
+is ``BrokerUnavailable`` without further connection attempts. So each call the relay paces
+during its backoff costs one connection attempt, and the first call after recovery succeeds.
+
+Secrets: the URL's user info and query string, the HMAC secret and the ``headers=`` values never
+appear in reprs, logs or error messages; errors name the endpoint as ``scheme://host:port/path``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import hmac
+import re
+import ssl
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+
+import httpx
+
+from outboxer.errors import (
+    BrokerUnavailable,
+    ConfigurationError,
+    PermanentPublishError,
+    PublishError,
+    RetryablePublishError,
+)
+from outboxer.message import Message
+
+__all__ = ["HttpPublisher", "HttpSettings"]
+
+_OPTION_PREFIX = "outboxer_"
+_OPTIONS = ("concurrency", "timeout", "connect_timeout", "source")
+
+#: Headers a message may not set: CloudEvents attributes and the signature are outboxer's, the
+#: rest frame the HTTP/1.1 message or the connection and belong to the client library.
+_RESERVED = frozenset(
+    {
+        "content-type",
+        "content-length",
+        "content-encoding",
+        "transfer-encoding",
+        "host",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+        "webhook-signature",
+    }
+)
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_PRINTABLE = re.compile(r"[\t\x20-\x7e]*")
+#: CloudEvents HTTP binding 3.1.3.2: percent-encode space, '"', '%' and non-printable ASCII.
+_CE_UNSAFE = re.compile(r'[^\x21-\x7e]|["%]')
+_EXCERPT = 200
+#: Connections per httpx pool. httpcore walks every connection of its pool (one readability
+#: check per idle connection) each time it assigns a request, so a single pool of 64
+#: connections costs O(64) per request and ran ~4x slower here than small pools sharing the
+#: same number of connections (see docs/brokers/http.md, "Throughput").
+_POOL_SIZE = 4
+
+
+def _ce_value(value: str) -> str:
+    """A string attribute as a ``ce-*`` header value (percent-encoded only where needed)."""
+    if _CE_UNSAFE.search(value) is None:
+        return value
+    return "".join(
+        chr(b) if 0x21 <= b <= 0x7E and b not in (0x22, 0x25) else f"%{b:02X}"
+        for b in value.encode()
+    )
+
+
+def _ce_time(created_at: dt.datetime) -> str:
+    """RFC 3339 in UTC with a ``Z``; a naive timestamp is taken to be UTC already."""
+    if created_at.tzinfo is None:
+        created_at = created_at.replace(tzinfo=dt.UTC)
+    else:
+        created_at = created_at.astimezone(dt.UTC)
+    return created_at.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+def _pick(
+    name: str, explicit: float | None, options: Mapping[str, str], default: float
+) -> str | float:
+    """A keyword argument if given, else the URL option of the same name, else the default."""
+    return explicit if explicit is not None else options.get(name, default)
+
+
+def _positive(name: str, raw: str | float, kind: type[int] | type[float]) -> Any:
+    try:
+        value = kind(raw)
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"HTTP publisher: {name} must be a positive {kind.__name__}, got {raw!r}"
+        ) from None
+    if not value > 0:
+        raise ConfigurationError(f"HTTP publisher: {name} must be positive, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    """Validated settings of an :class:`HttpPublisher`.
+
+    Attributes:
+        endpoint: The URL to POST to, ``outboxer_*`` options removed; may contain ``{topic}``.
+            Not shown in ``repr`` (it may carry credentials); see :attr:`display_endpoint`.
+        secret: HMAC-SHA256 key for the ``webhook-signature`` header; ``None`` sends none.
+        source: The CloudEvents ``source`` attribute.
+        concurrency: Requests in flight at once, and the size of the connection pool.
+        timeout: Seconds to wait for a response (read) or to send a request (write).
+        connect_timeout: Seconds to establish a connection (TCP and TLS).
+        headers: Static headers sent with every request (e.g. ``Authorization``); hidden from
+            ``repr`` and reserved against message headers.
+        verify: TLS verification: ``True`` (system/certifi CAs), ``False``, a CA bundle file or
+            directory, or an ``ssl.SSLContext`` (e.g. with a client certificate for mTLS).
+    """
+
+    endpoint: str = field(repr=False)
+    secret: bytes | None = field(default=None, repr=False)
+    source: str = "outboxer"
+    concurrency: int = 64
+    timeout: float = 10.0
+    connect_timeout: float = 5.0
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    verify: bool | str | ssl.SSLContext = True
+
+    @property
+    def display_endpoint(self) -> str:
+        """The endpoint without user info and query string, safe to log."""
+        return _display(self.endpoint)
+
+
+def _display(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "..." if parts.query else "", ""))
+
+
+def _split_options(url: str) -> tuple[str, dict[str, str]]:
+    """Validate an http(s) URL; return it without ``outboxer_*`` parameters, and those."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError as exc:
+        raise ConfigurationError(f"HTTP publisher: invalid URL ({exc})") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise ConfigurationError(
+            f"HTTP publisher: URL must start with http:// or https://, got {parts.scheme!r}"
+        )
+    if not parts.hostname:
+        raise ConfigurationError(
+            f"HTTP publisher: URL has no host: {_display(url)!r}; expected "
+            "http(s)://host[:port]/path"
+        )
+    kept: list[str] = []
+    options: dict[str, str] = {}
+    for item in parts.query.split("&") if parts.query else ():
+        name = item.partition("=")[0]
+        if not name.lower().startswith(_OPTION_PREFIX):
+            kept.append(item)  # the receiver's own parameters, byte for byte
+            continue
+        [(name, value)] = parse_qsl(item, keep_blank_values=True) or [(name, "")]
+        option = name[len(_OPTION_PREFIX) :].lower()
+        if option == "secret":
+            raise ConfigurationError(
+                "HTTP publisher: the signing secret is not taken from the URL (URLs get "
+                "logged); pass secret= or set OUTBOXER_WEBHOOK_SECRET"
+            )
+        if option not in _OPTIONS:
+            raise ConfigurationError(
+                f"HTTP publisher: unknown URL option {name!r}; known: "
+                + ", ".join(_OPTION_PREFIX + o for o in _OPTIONS)
+            )
+        options[option] = value
+    endpoint = urlunsplit(
+        (parts.scheme, parts.netloc, parts.path or "/", "&".join(kept), parts.fragment)
+    )
+    return endpoint, options
+
+
+def _check_static_headers(headers: Mapping[str, str] | None) -> Mapping[str, str]:
+    checked: dict[str, str] = {}
+    for name, value in (headers or {}).items():
+        if not isinstance(name, str) or _TOKEN.fullmatch(name) is None:
+            raise ConfigurationError(f"HTTP publisher: invalid header name {name!r}")
+        lowered = name.lower()
+        if lowered in _RESERVED or lowered.startswith("ce-"):
+            raise ConfigurationError(
+                f"HTTP publisher: header {name!r} is set by outboxer and cannot be configured"
+            )
+        if not isinstance(value, str) or _PRINTABLE.fullmatch(value) is None:
+            raise ConfigurationError(
+                f"HTTP publisher: the value of header {name!r} must be printable ASCII"
+            )
+        checked[name] = value
+    return MappingProxyType(checked)
+
+
+def _header_problem(name: str, value: str, reserved: frozenset[str]) -> str | None:
+    """Why a message header cannot be sent, or ``None`` when it can."""
+    if _TOKEN.fullmatch(name) is None:
+        return f"header name {name!r} is not a valid HTTP token"
+    lowered = name.lower()
+    if lowered in reserved or lowered.startswith("ce-"):
+        return f"header {name!r} is reserved (CloudEvents, signature or HTTP framing)"
+    if _PRINTABLE.fullmatch(value) is None:
+        return f"the value of header {name!r} is not printable ASCII"
+    return None
+
+
+class HttpPublisher:
+    """Publishes each message as one signed CloudEvents POST to a webhook endpoint.
+
+    The publisher owns its ``httpx.AsyncClient``: ``async with`` opens it (no connection is made
+    until the first publish) and closes it with every pooled connection.
+
+    Args:
+        url: ``http(s)://…`` endpoint, optionally with ``{topic}`` and ``outboxer_*`` options.
+        secret: HMAC-SHA256 key (``str`` is UTF-8 encoded); ``None`` sends no signature.
+        source: CloudEvents ``source``; default ``outboxer_source`` or ``"outboxer"``.
+        concurrency: Requests in flight; default ``outboxer_concurrency`` or 64.
+        timeout: Response timeout in seconds; default ``outboxer_timeout`` or 10.
+        connect_timeout: Connect timeout in seconds; default ``outboxer_connect_timeout`` or 5.
+        headers: Static headers for every request, such as ``Authorization``.
+        verify: TLS verification (``True``, ``False``, a CA bundle path or an SSLContext).
+
+    Raises:
+        ConfigurationError: The URL or a setting is invalid (one readable line, no secrets).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        secret: str | bytes | None = None,
+        source: str | None = None,
+        concurrency: int | None = None,
+        timeout: float | None = None,
+        connect_timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        verify: bool | str | ssl.SSLContext = True,
+    ) -> None:
+        endpoint, options = _split_options(url)
+        source = source if source is not None else options.get("source", "outboxer")
+        if not source:
+            raise ConfigurationError("HTTP publisher: source must not be empty")
+        if isinstance(secret, str):
+            secret = secret.encode()
+        if secret is not None and not secret:
+            raise ConfigurationError("HTTP publisher: secret must not be empty")
+        self.settings = HttpSettings(
+            endpoint=endpoint,
+            secret=secret,
+            source=source,
+            concurrency=_positive(
+                "concurrency", _pick("concurrency", concurrency, options, 64), int
+            ),
+            timeout=_positive("timeout", _pick("timeout", timeout, options, 10.0), float),
+            connect_timeout=_positive(
+                "connect_timeout",
+                _pick("connect_timeout", connect_timeout, options, 5.0),
+                float,
+            ),
+            headers=_check_static_headers(headers),
+            verify=verify,
+        )
+        self._reserved = _RESERVED | {n.lower() for n in self.settings.headers}
+        try:
+            self._tls = _ssl_context(verify)  # built once, shared by every pool
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigurationError(
+                f"HTTP publisher: cannot load the TLS CA certificates from verify=: {exc}"
+            ) from None
+        self._source = _ce_value(self.settings.source)
+        self._templated = "{topic}" in endpoint
+        self._urls: dict[str, httpx.URL] = {}
+        # The in-flight window: one slot per allowed request, each slot naming the client (a
+        # small keep-alive pool) to send it with. Shared by concurrent publish calls, and as
+        # many slots as connections, so a request never waits inside httpx.
+        self._slots: asyncio.LifoQueue[httpx.AsyncClient] | None = None
+        self._clients: list[httpx.AsyncClient] = []
+        # False until a request reaches the receiver, and again after a connect failure: then a
+        # publish call probes with one message before fanning out (one connection attempt).
+        self._reachable = False
+
+    @classmethod
+    def from_url(cls, url: str, *, secret: str | bytes | None = None) -> HttpPublisher:
+        """``http(s)://host[:port]/path[?outboxer_concurrency=N&outboxer_timeout=S...]``."""
+        return cls(url, secret=secret)
+
+    def __repr__(self) -> str:
+        signed = "signed" if self.settings.secret else "unsigned"
+        return f"<HttpPublisher {self.settings.display_endpoint} {signed}>"
+
+    async def __aenter__(self) -> HttpPublisher:
+        settings = self.settings
+        timeout = httpx.Timeout(
+            settings.timeout,
+            connect=settings.connect_timeout,
+            pool=None,  # the slots already bound requests to the connections available
+        )
+        slots: asyncio.LifoQueue[httpx.AsyncClient] = asyncio.LifoQueue()
+        remaining = settings.concurrency
+        while remaining:
+            size = min(_POOL_SIZE, remaining)
+            remaining -= size
+            client = httpx.AsyncClient(
+                headers={"user-agent": "outboxer", **settings.headers},
+                timeout=timeout,
+                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+                verify=self._tls,
+                follow_redirects=False,  # a redirect would re-POST the signed body elsewhere
+            )
+            self._clients.append(client)
+            for _ in range(size):
+                slots.put_nowait(client)
+        self._slots = slots
+        self._reachable = False
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        clients, self._clients, self._slots = self._clients, [], None
+        for client in clients:
+            await client.aclose()
+
+    async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+        """POST every message; return one result per message, in input order.
+
+        Raises:
+            RuntimeError: The publisher was not entered (``async with``).
+        """
+        if self._slots is None:
+            raise RuntimeError("HttpPublisher is not open: use `async with HttpPublisher(...)`")
+        results: list[PublishError | None] = [None] * len(messages)
+        call = _Call(messages, results)
+        lanes = _lanes(messages)
+        if not lanes:
+            return results
+        if not self._reachable:
+            # Probe with the first message alone: while the receiver is down this is the only
+            # connection attempt of the call.
+            first = lanes[0]
+            await self._run_lane(call, first[:1])
+            if call.outage is not None:
+                return [call.outage] * len(messages)
+            lanes[0] = first[1:]  # a failed keyed probe has blocked the rest of its key
+        pending = iter(lanes)
+        workers = min(self.settings.concurrency, len(lanes))
+        await asyncio.gather(*(self._worker(call, pending) for _ in range(workers)))
+        return results
+
+    async def _worker(self, call: _Call, lanes: Iterator[list[int]]) -> None:
+        for lane in lanes:
+            await self._run_lane(call, lane)
+
+    async def _run_lane(self, call: _Call, lane: list[int]) -> None:
+        """Send one key's messages in order (or one unkeyed message)."""
+        for index in lane:
+            message = call.messages[index]
+            if call.outage is not None:
+                call.results[index] = call.outage
+                continue
+            if message.key is not None and message.key in call.blocked:
+                call.results[index] = RetryablePublishError(
+                    f"not sent: an earlier message with key {message.key!r} failed in this batch"
+                )
+                continue
+            assert self._slots is not None
+            client = await self._slots.get()
+            try:
+                if call.outage is not None:  # the receiver went down while we waited
+                    result: PublishError | None = call.outage
+                else:
+                    result = await self._send(message, client)
+            finally:
+                self._slots.put_nowait(client)
+            call.results[index] = result
+            if isinstance(result, BrokerUnavailable):
+                call.outage = result
+                self._reachable = False
+            else:
+                self._reachable = True
+                if result is not None and message.key is not None:
+                    call.blocked.add(message.key)
+
+    def _url(self, topic: str) -> httpx.URL:
+        url = self._urls.get(topic)
+        if url is None:
+            endpoint = self.settings.endpoint
+            if self._templated:
+                endpoint = endpoint.replace("{topic}", quote(topic, safe=""))
+            url = self._urls[topic] = httpx.URL(endpoint)
+        return url
+
+    def _headers(self, message: Message) -> dict[str, str] | PermanentPublishError:
+        ce_id = _ce_value(message.id)
+        ce_time = _ce_time(message.created_at)
+        headers = {
+            "content-type": message.content_type,
+            "ce-specversion": "1.0",
+            "ce-id": ce_id,
+            "ce-type": _ce_value(message.type or message.topic),
+            "ce-source": self._source,
+            "ce-time": ce_time,
+            "ce-topic": _ce_value(message.topic),
+        }
+        if message.key is not None:
+            headers["ce-partitionkey"] = _ce_value(message.key)
+        for name, value in message.headers.items():
+            problem = _header_problem(name, value, self._reserved)
+            if problem is not None:
+                return PermanentPublishError(f"not sent: {problem}")
+            headers[name] = value
+        secret = self.settings.secret
+        if secret is not None:
+            signed = f"{ce_id}.{ce_time}.".encode() + message.payload
+            digest = hmac.new(secret, signed, hashlib.sha256).hexdigest()
+            headers["webhook-signature"] = "sha256=" + digest
+        return headers
+
+    async def _send(self, message: Message, client: httpx.AsyncClient) -> PublishError | None:
+        headers = self._headers(message)
+        if isinstance(headers, PublishError):
+            return headers
+        url = self._url(message.topic)
+        where = self.settings.display_endpoint
+        for attempt in (1, 2):
+            try:
+                response = await client.post(url, content=message.payload, headers=headers)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.ProxyError) as exc:
+                return BrokerUnavailable(f"cannot connect to {where}: {_describe(exc)}")
+            except httpx.TimeoutException as exc:
+                return RetryablePublishError(
+                    f"no response from {where} within {self.settings.timeout:g} s "
+                    f"({type(exc).__name__}); the receiver may have processed it"
+                )
+            except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+                if attempt == 1:
+                    continue  # a keep-alive connection the receiver closed: once more, fresh
+                return RetryablePublishError(f"connection to {where} dropped: {_describe(exc)}")
+            except httpx.HTTPError as exc:
+                return RetryablePublishError(f"request to {where} failed: {_describe(exc)}")
+            except Exception as exc:  # noqa: BLE001 - one odd message must not abort the batch
+                return RetryablePublishError(f"request to {where} failed: {_describe(exc)}")
+            return _classify(response, where)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+@dataclass(slots=True)
+class _Call:
+    """The shared state of one ``publish`` call."""
+
+    messages: Sequence[Message]
+    results: list[PublishError | None]
+    blocked: set[str] = field(default_factory=set)  # keys with a failed message in this call
+    outage: BrokerUnavailable | None = None  # set by the first connect failure of the call
+
+
+def _ssl_context(verify: bool | str | ssl.SSLContext) -> ssl.SSLContext:
+    """One TLS context for every pool (httpx would load the CA bundle once per client)."""
+    if isinstance(verify, str):
+        # httpx deprecates verify=<path>; build the context the way it recommends.
+        if Path(verify).is_dir():
+            return ssl.create_default_context(capath=verify)
+        return ssl.create_default_context(cafile=verify)
+    return httpx.create_ssl_context(verify=verify)
+
+
+def _lanes(messages: Sequence[Message]) -> list[list[int]]:
+    """Message indexes grouped by key in input order; each unkeyed message is its own lane."""
+    lanes: list[list[int]] = []
+    by_key: dict[str, list[int]] = {}
+    for index, message in enumerate(messages):
+        key = message.key
+        if key is None:
+            lanes.append([index])
+        elif (lane := by_key.get(key)) is not None:
+            lane.append(index)
+        else:
+            lanes.append(by_key.setdefault(key, [index]))
+    return lanes
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception in one line, without the request URL httpx may quote in it."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    if "://" in text:  # never echo a URL: it may carry user info or tokens
+        text = ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _classify(response: httpx.Response, where: str) -> PublishError | None:
+    status = response.status_code
+    if 200 <= status < 300:
+        return None
+    excerpt = " ".join(response.content[:_EXCERPT].decode("utf-8", "replace").split())
+    reason = f"HTTP {status} {response.reason_phrase} from {where}"
+    if excerpt:
+        reason += f": {excerpt}"
+    if status in (408, 429) or 500 <= status < 600:
+        retry_after = response.headers.get("retry-after")
+        if retry_after:
+            reason += f" (Retry-After: {retry_after[:40]})"
+        return RetryablePublishError(reason)
+    if 300 <= status < 500:
+        if 300 <= status < 400:
+            reason += " (redirects are not followed: configure the final URL)"
+        return PermanentPublishError(reason)
+    return RetryablePublishError(reason)
