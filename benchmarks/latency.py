@@ -1,0 +1,152 @@
+"""Commit → broker-ack latency at a steady 1,000 messages/s.
+
+A writer process commits one-message transactions at a fixed rate (1 ms apart, scheduled on
+absolute times) and records each commit's wall-clock time; in this process a relay with default
+settings publishes them, and a thin wrapper around the real publisher records the wall-clock time
+at which the broker acknowledged each message. Latency = ack - commit, over 10 s after a 1 s
+warm-up. Target (DESIGN): p50 ≤ 5 ms, p99 ≤ 25 ms.
+
+Run: ``.venv/bin/python -m benchmarks.latency [kafka rabbitmq nats redis]``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+import outboxer
+from benchmarks.brokers import BROKERS, nats_streams
+from benchmarks.common import PAYLOAD, PG_URL, fresh_schema, save
+from outboxer.config import TableNames
+from outboxer.errors import PublishError
+from outboxer.message import Message
+from outboxer.publishers import publisher_from_url
+from outboxer.relay import Relay
+from outboxer.stores.postgres import PostgresStore
+
+RATE = 1000
+SECONDS = 11
+WARMUP = 1.0
+
+
+def writer(schema: str, topic: str, start_at: float, out: Any) -> None:
+    """Commit RATE messages/s for SECONDS; send {id: commit wall time} back."""
+
+    async def run() -> dict[str, float]:
+        outbox = outboxer.Outbox(schema=schema)
+        conn = await asyncpg.connect(PG_URL)
+        commits: dict[str, float] = {}
+        try:
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+            for n in range(RATE * SECONDS):
+                due = start_at + n / RATE
+                await asyncio.sleep(max(0.0, due - time.time()))
+                async with conn.transaction():
+                    message_id = await outbox.enqueue_async(
+                        conn,
+                        topic,
+                        {**PAYLOAD, "order_id": n},
+                        key=str(n % 1000),
+                        type="OrderCreated",
+                    )
+                commits[message_id] = time.time()
+        finally:
+            await conn.close()
+        return commits
+
+    out.send(asyncio.run(run()))
+
+
+class Timed:
+    """Wraps a publisher; records when each message was acknowledged."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.acks: dict[str, float] = {}
+
+    async def __aenter__(self) -> Timed:
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.inner.__aexit__(*exc)
+
+    async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+        results = await self.inner.publish(messages)
+        now = time.time()
+        for message, result in zip(messages, results, strict=True):
+            if result is None:
+                self.acks.setdefault(message.id, now)
+        return results
+
+
+async def measure(name: str) -> dict[str, Any]:
+    setup, _ = BROKERS[name]
+    async with setup() as (url, new_topic):
+        topic = new_topic()
+        async with contextlib.AsyncExitStack() as stack:
+            if name == "nats":
+                await stack.enter_async_context(nats_streams(url, [topic]))
+            async with fresh_schema(f"bench_lat_{uuid.uuid4().hex[:6]}") as schema:
+                async with PostgresStore(PG_URL, TableNames(schema=schema)) as store:
+                    await store.migrate()
+                    publisher = await stack.enter_async_context(Timed(publisher_from_url(url)))
+                    relay = Relay(store, publisher)
+                    task = asyncio.create_task(relay.run())
+                    receive, send = multiprocessing.Pipe(duplex=False)
+                    start_at = time.time() + 1.0
+                    proc = multiprocessing.Process(
+                        target=writer, args=(schema, topic, start_at, send)
+                    )
+                    proc.start()
+                    commits: dict[str, float] = await asyncio.to_thread(receive.recv)
+                    await asyncio.to_thread(proc.join)
+                    deadline = time.monotonic() + 30
+                    while len(publisher.acks) < len(commits) and time.monotonic() < deadline:
+                        await asyncio.sleep(0.05)
+                    relay.stop()
+                    await task
+    latencies = sorted(
+        (publisher.acks[i] - t) * 1000
+        for i, t in commits.items()
+        if t >= start_at + WARMUP and i in publisher.acks
+    )
+    lost = sum(i not in publisher.acks for i in commits)
+    p50 = statistics.median(latencies)
+    p99 = latencies[int(len(latencies) * 0.99) - 1]
+    row = {
+        "broker": name,
+        "rate": RATE,
+        "messages": len(latencies),
+        "p50_ms": round(p50, 2),
+        "p99_ms": round(p99, 2),
+        "max_ms": round(latencies[-1], 2),
+        "unacked": lost,
+    }
+    print(
+        f"{name:9} {RATE} msg/s: p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  max "
+        f"{latencies[-1]:7.2f} ms  ({len(latencies)} messages)"
+    )
+    return row
+
+
+async def main(names: list[str]) -> list[dict[str, Any]]:
+    rows = [await measure(name) for name in names]
+    save("latency", {"rate": RATE, "seconds": SECONDS - WARMUP, "rows": rows})
+    return rows
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("pika").setLevel(logging.CRITICAL)
+    asyncio.run(main(sys.argv[1:] or ["kafka", "rabbitmq", "nats", "redis"]))
