@@ -12,7 +12,6 @@ import statistics
 import time
 
 from confluent_kafka import Producer
-
 from tests.tansu import TansuBroker, create_topic
 
 RATE, COUNT = 1000, 8000
