@@ -66,6 +66,7 @@ async def fill(
     topic: str = "orders",
     keys: int | None = 1000,
     payload: dict[str, Any] | None = None,
+    analyze: bool = True,
 ) -> list[str]:
     """Commit ``count`` messages (key = n % keys) and ANALYZE, outside the timed section."""
     outbox = outboxer.Outbox(schema=schema)
@@ -83,8 +84,12 @@ async def fill(
     ]
     conn = await asyncpg.connect(PG_URL)
     try:
-        await conn.executemany(outbox.insert_sql("postgres", "numeric"), rows)
-        await conn.execute(f'VACUUM ANALYZE "{schema}".outbox')
+        if analyze:
+            await conn.executemany(outbox.insert_sql("postgres", "numeric"), rows)
+            await conn.execute(f'VACUUM ANALYZE "{schema}".outbox')
+        else:  # one transaction, one commit: the relays see the whole backlog at once
+            async with conn.transaction():
+                await conn.executemany(outbox.insert_sql("postgres", "numeric"), rows)
     finally:
         await conn.close()
     return [r[0] for r in rows]
