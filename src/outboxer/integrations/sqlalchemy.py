@@ -6,9 +6,10 @@ The INSERT runs through the session's own connection, so it joins the session's 
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 
 from outboxer.errors import ConfigurationError
 
@@ -27,10 +28,16 @@ def _dialect(conn: Any) -> str:
         raise ConfigurationError(f"outboxer does not support the {name!r} database") from None
 
 
+@functools.cache
+def _insert(sql: str) -> TextClause:
+    # Building a TextClause parses its bind parameters: do it once per statement, not per call.
+    return text(sql)
+
+
 def _statement(outbox: Outbox, conn: Any, row: Row) -> tuple[Any, dict[str, Any]]:
     dialect = _dialect(conn)
     params = {f"p{i}": value for i, value in enumerate(row.for_dialect(dialect), start=1)}
-    return text(outbox.insert_sql(dialect, "named")), params
+    return _insert(outbox.insert_sql(dialect, "named")), params
 
 
 def insert(outbox: Outbox, conn: Any, row: Row) -> None:
