@@ -14,13 +14,17 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from outboxer.config import Backoff, RelaySettings, TableNames
 from outboxer.errors import ConfigurationError, NotFound, OutboxerError
 from outboxer.ports import DeadLetter, DeadLetterFilter, Store
+
+if TYPE_CHECKING:
+    from outboxer.inbox import HandlerRegistry, InboxSettings
+    from outboxer.stores.sqlite import SqliteStore
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -119,14 +123,22 @@ def _with_store(action: Callable[[Store], Awaitable[T]], url: str, names: TableN
     show_default=True,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
-def main(log_level: str) -> None:
+@click.option(
+    "--log-format",
+    envvar="OUTBOXER_LOG_FORMAT",
+    show_envvar=True,
+    default="text",
+    show_default=True,
+    type=click.Choice(["text", "json"], case_sensitive=False),
+    help="json: one JSON object per line (time, level, logger, message, extra fields).",
+)
+def main(log_level: str, log_format: str) -> None:
     """outboxer: a transactional outbox. Every option can also be set by the OUTBOXER_*
     environment variable shown beside it."""
-    logging.basicConfig(
-        level=log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from outboxer.observability.logging import configure_logging
+
+    # Both formats redact passwords in URLs and tokens (docs/observability.md).
+    configure_logging(log_level, log_format.lower())
     # pika logs several ERROR lines per failed connection attempt; the RabbitMQ publisher
     # reports each outage in one line of its own.
     logging.getLogger("pika").setLevel(logging.CRITICAL)
@@ -275,6 +287,31 @@ def db_upgrade(database_url: str, schema: str | None, table: str) -> None:
     default=None,
     help="HMAC-SHA256 key signing http(s):// webhook requests.",
 )
+@click.option(
+    "--metrics-port",
+    envvar="OUTBOXER_METRICS_PORT",
+    show_envvar=True,
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus /metrics of this relay on this port (0: off).",
+)
+@click.option(
+    "--metrics-host",
+    envvar="OUTBOXER_METRICS_HOST",
+    show_envvar=True,
+    default="0.0.0.0",
+    show_default=True,
+    help="Interface of the /metrics server.",
+)
+@click.option(
+    "--tracing",
+    envvar="OUTBOXER_TRACING",
+    show_envvar=True,
+    is_flag=True,
+    help="OpenTelemetry publish spans continuing the trace stored at enqueue (exporter from "
+    "OTEL_* variables). On by itself under opentelemetry-instrument.",
+)
 def relay(
     database_url: str,
     schema: str | None,
@@ -293,6 +330,9 @@ def relay(
     shutdown_timeout: float,
     relay_id: str | None,
     webhook_secret: str | None,
+    metrics_port: int,
+    metrics_host: str,
+    tracing: bool,
 ) -> None:
     """Publish outbox messages to the broker until SIGTERM/SIGINT (graceful: nothing lost)."""
     try:
@@ -312,18 +352,89 @@ def relay(
         )
     except ConfigurationError as exc:
         _fail(str(exc), EXIT_USAGE)
-    _run(_relay(database_url, _names(schema, table), broker, settings, webhook_secret))
+    names = _names(schema, table)
+    observer, metrics_server = _relay_metrics(broker, metrics_host, metrics_port)
+    stop_tracing = _relay_tracing(tracing)
+    try:
+        _run(
+            _relay(
+                database_url,
+                names,
+                broker,
+                settings,
+                webhook_secret,
+                observer=observer,
+                traced=stop_tracing is not None,
+            )
+        )
+    finally:
+        if metrics_server is not None:
+            metrics_server.close()
+        if stop_tracing is not None:
+            stop_tracing()  # flushes the spans still buffered
+
+
+def _relay_metrics(broker: str, host: str, port: int) -> tuple[Any, Any]:
+    """The Prometheus observer and its running /metrics server, or ``(None, None)`` when off.
+
+    The port is bound before the database is contacted: a taken port is one line at once.
+    """
+    if not port:
+        return None, None
+    try:
+        from outboxer.observability.metrics import PrometheusRelayObserver, serve_metrics
+    except ImportError as exc:
+        _fail(f"--metrics-port needs prometheus-client: pip install 'outboxer[metrics]' ({exc})")
+    # The label is the URL's scheme only: the rest of a broker URL may hold a password.
+    observer = PrometheusRelayObserver(broker.partition("://")[0].lower() or "unknown")
+    try:
+        server = serve_metrics(observer.registry, host, port)
+    except OSError as exc:
+        _fail(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}")
+    logging.getLogger("outboxer.relay").info(
+        "relay metrics on http://%s:%d/metrics", host, server.port
+    )
+    return observer, server
+
+
+def _relay_tracing(requested: bool) -> Callable[[], None] | None:
+    """Turn publish spans on when asked, or when an OpenTelemetry SDK is already configured
+    in this process (``opentelemetry-instrument``); returns the tracing shutdown, or ``None``
+    when tracing is off (then OpenTelemetry is not even imported)."""
+    if not requested and "opentelemetry.trace" not in sys.modules:
+        return None
+    try:
+        from outboxer.observability.tracing import configure_tracing, sdk_configured
+    except ImportError as exc:
+        _fail(f"--tracing needs OpenTelemetry: pip install 'outboxer[tracing]' ({exc})")
+    if not requested and not sdk_configured():
+        return None
+    try:
+        return configure_tracing()
+    except ConfigurationError as exc:
+        _fail(str(exc), EXIT_USAGE)
 
 
 async def _relay(
-    url: str, names: TableNames, broker: str, settings: RelaySettings, secret: str | None
+    url: str,
+    names: TableNames,
+    broker: str,
+    settings: RelaySettings,
+    secret: str | None,
+    *,
+    observer: Any = None,
+    traced: bool = False,
 ) -> None:
     from outboxer.publishers import publisher_from_url
     from outboxer.relay import Relay
 
     publisher = publisher_from_url(broker, webhook_secret=secret)
+    if traced:
+        from outboxer.observability.tracing import TracingPublisher, messaging_system
+
+        publisher = TracingPublisher(publisher, system=messaging_system(broker))
     async with _open_store(url, names) as store, publisher:
-        relay = Relay(store, publisher, settings)
+        relay = Relay(store, publisher, settings, observer=observer)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, relay.stop)
@@ -464,7 +575,11 @@ def _bulk(
     flt: DeadLetterFilter,
     as_json: bool,
 ) -> None:
+    progress = not as_json and sys.stderr.isatty()
+
     async def run(store: Store) -> list[str]:
+        if progress:
+            return await _bulk_in_chunks(store, verb, action, flt)
         return await action(store, flt)
 
     done = _with_store(run, database_url, names)
@@ -477,6 +592,52 @@ def _bulk(
             click.echo(f"  {i}")
     if missing:
         _fail(f"no dead letter with id {', '.join(missing)}")
+
+
+#: Dead letters per statement when bulk replay/purge shows a progress bar.
+BULK_CHUNK = 500
+
+
+async def _bulk_in_chunks(
+    store: Store,
+    verb: str,
+    action: Callable[[Store, DeadLetterFilter], Awaitable[list[str]]],
+    flt: DeadLetterFilter,
+) -> list[str]:
+    """Bulk replay/purge with a progress bar on stderr (a terminal, no ``--json``).
+
+    The store acts on a filter in one statement, which cannot report progress; so the matching
+    ids are listed first and acted on in chunks of :data:`BULK_CHUNK`, each chunk in one
+    statement (all or nothing). Dead letters added after the listing are left for the next
+    run. If a chunk fails, the error says how many were done before it; running the command
+    again finishes the rest (replayed/purged ones no longer match).
+    """
+    if flt.ids is not None:
+        ids = list(dict.fromkeys(flt.ids))
+    else:
+        ids, cursor = [], None
+        while True:
+            page = await store.list_dead_letters(flt, limit=1000, cursor=cursor)
+            ids.extend(d.id for d in page.items)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    label = {"replayed": "replaying", "purged": "purging"}.get(verb, verb)
+    done: list[str] = []
+    with click.progressbar(
+        length=len(ids), label=label, file=sys.stderr, show_pos=True, show_percent=True
+    ) as bar:
+        for start in range(0, len(ids), BULK_CHUNK):
+            chunk = ids[start : start + BULK_CHUNK]
+            try:
+                done.extend(await action(store, DeadLetterFilter(ids=chunk)))
+            except OutboxerError as exc:
+                raise OutboxerError(
+                    f"{exc} ({verb} {len(done)} of {len(ids)} before this failure; run the "
+                    "command again to finish)"
+                ) from exc
+            bar.update(len(chunk))
+    return done
 
 
 @dlq.command("replay")
@@ -546,6 +707,234 @@ def demo(database: str | None) -> None:
 
     logging.getLogger("outboxer").setLevel(logging.WARNING)  # the demo narrates itself
     _run(demo_module.run(database))
+
+
+# -- consume -----------------------------------------------------------------------------------
+
+
+def _default_consumer_name(handlers: str) -> str:
+    """``examples.user_registration.handlers:registry`` → ``examples.user_registration.handlers``
+    (a stable name per handler module; the inbox, group and queue are keyed by it)."""
+    return "".join(c if c.isalnum() or c in "_.-" else "-" for c in handlers.partition(":")[0])
+
+
+@main.command()
+@database_options
+@click.option(
+    "--broker",
+    envvar="OUTBOXER_BROKER",
+    show_envvar=True,
+    required=True,
+    help="kafka://…, amqp://…, nats://… or redis://… plus the broker's consumer options "
+    "(see docs/inbox.md).",
+)
+@click.option(
+    "--handlers",
+    envvar="OUTBOXER_HANDLERS",
+    show_envvar=True,
+    required=True,
+    help="The HandlerRegistry to run, as package.module:attribute.",
+)
+@click.option(
+    "--consumer-name",
+    envvar="OUTBOXER_CONSUMER_NAME",
+    show_envvar=True,
+    default=None,
+    help="Inbox name; also the Kafka group, RabbitMQ queue, NATS durable prefix and Redis "
+    "group. Default: the handlers module.",
+)
+@click.option(
+    "--topic",
+    "topics",
+    envvar="OUTBOXER_TOPICS",
+    show_envvar=True,
+    multiple=True,
+    help="Topic / binding key / subject / stream to consume (repeatable; the environment "
+    "variable takes a space-separated list). Default: the topics the handlers registered.",
+)
+@click.option(
+    "--batch-size",
+    envvar="OUTBOXER_CONSUME_BATCH_SIZE",
+    show_envvar=True,
+    default=100,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Messages fetched, stored and acknowledged together.",
+)
+@click.option(
+    "--concurrency",
+    envvar="OUTBOXER_CONSUME_CONCURRENCY",
+    show_envvar=True,
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Messages of different keys handled at once (one key: one at a time, in order).",
+)
+@click.option(
+    "--batch-transactions",
+    envvar="OUTBOXER_BATCH_TRANSACTIONS",
+    show_envvar=True,
+    is_flag=True,
+    help="One inbox transaction per batch chunk instead of per message: 2-3x the throughput, "
+    "but a crash repeats the external side effects of the whole chunk (see docs/inbox.md).",
+)
+@click.option(
+    "--max-attempts",
+    envvar="OUTBOXER_CONSUME_MAX_ATTEMPTS",
+    show_envvar=True,
+    default=5,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Failed attempts after which a message becomes a consume dead letter.",
+)
+@click.option(
+    "--retry-base",
+    envvar="OUTBOXER_CONSUME_RETRY_BASE",
+    show_envvar=True,
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0.001, 3600),
+    help="First retry delay of a failed consumption (s); doubles per attempt.",
+)
+@click.option(
+    "--retry-cap",
+    envvar="OUTBOXER_CONSUME_RETRY_CAP",
+    show_envvar=True,
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(0.001, 86400),
+)
+@click.option(
+    "--retry-interval",
+    envvar="OUTBOXER_CONSUME_RETRY_INTERVAL",
+    show_envvar=True,
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0.01, 3600),
+    help="How often due failed consumptions are re-driven (s).",
+)
+@click.option(
+    "--inbox-retention",
+    envvar="OUTBOXER_INBOX_RETENTION",
+    show_envvar=True,
+    default=7 * 86400.0,
+    show_default=True,
+    type=click.FloatRange(1, None),
+    help="Seconds an inbox row is kept; must exceed the broker's redelivery horizon.",
+)
+@click.option(
+    "--sweep-interval",
+    envvar="OUTBOXER_SWEEP_INTERVAL",
+    show_envvar=True,
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0, 86400),
+    help="How often this consumer offers to run the shared sweep (s); 0: leave it to others.",
+)
+@click.option(
+    "--shutdown-timeout",
+    envvar="OUTBOXER_SHUTDOWN_TIMEOUT",
+    show_envvar=True,
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600),
+    help="How long the batch in progress may take after SIGTERM/SIGINT.",
+)
+@click.option(
+    "--app-dir",
+    envvar="OUTBOXER_APP_DIR",
+    show_envvar=True,
+    default=".",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Directory put first on the import path before --handlers is imported.",
+)
+def consume(
+    database_url: str,
+    schema: str | None,
+    table: str,
+    broker: str,
+    handlers: str,
+    consumer_name: str | None,
+    topics: tuple[str, ...],
+    batch_size: int,
+    concurrency: int,
+    batch_transactions: bool,
+    max_attempts: int,
+    retry_base: float,
+    retry_cap: float,
+    retry_interval: float,
+    inbox_retention: float,
+    sweep_interval: float,
+    shutdown_timeout: float,
+    app_dir: str,
+) -> None:
+    """Run handlers for the messages of a broker, exactly once in effect (the inbox), until
+    SIGTERM/SIGINT."""
+    import os
+
+    from outboxer.inbox import InboxSettings, load_registry
+
+    names = _names(schema, table)
+    sys.path.insert(0, os.path.abspath(app_dir))
+    try:
+        registry = load_registry(handlers)
+        settings = InboxSettings(
+            consumer=consumer_name or _default_consumer_name(handlers),
+            max_attempts=max_attempts,
+            retry=Backoff(base=retry_base, cap=max(retry_cap, retry_base)),
+            retention=inbox_retention,
+            concurrency=concurrency,
+            batch_transactions=batch_transactions,
+            redrive_interval=retry_interval,
+            sweep_interval=sweep_interval,
+        )
+    except ConfigurationError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    chosen = [t for entry in topics for t in entry.split()] or registry.topics
+    if not chosen:
+        _fail("give the topics to consume with --topic (the handlers register none)", EXIT_USAGE)
+    _run(
+        _consume(
+            database_url, names, broker, registry, settings, chosen, batch_size, shutdown_timeout
+        )
+    )
+
+
+async def _consume(
+    url: str,
+    names: TableNames,
+    broker: str,
+    registry: HandlerRegistry,
+    settings: InboxSettings,
+    topics: list[str],
+    batch_size: int,
+    shutdown_timeout: float,
+) -> None:
+    from outboxer.consumers import consumer_from_url
+    from outboxer.inbox import Inbox, run_consumer
+    from outboxer.stores import store_from_url
+
+    adapter = consumer_from_url(
+        broker, name=settings.consumer, topics=topics, batch_size=batch_size
+    )
+    scheme = url.partition("://")[0].split("+")[0].lower()
+    if scheme in ("postgresql", "postgres"):
+        from outboxer.stores.postgres import PostgresStore
+
+        # A connection per message handled at once, plus the re-drive loop and the sweep.
+        store: PostgresStore | SqliteStore = PostgresStore(
+            url, names, max_connections=max(10, settings.concurrency + 2)
+        )
+    else:
+        store = store_from_url(url, names)
+    async with store:
+        await store.check_schema()
+        inbox = Inbox(store, registry, settings)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, inbox.stop)
+        await run_consumer(inbox, adapter, sweeper=store, shutdown_timeout=shutdown_timeout)
 
 
 # -- serve -------------------------------------------------------------------------------------

@@ -112,6 +112,8 @@ def encode_headers(headers: Mapping[str, str] | None) -> str:
     """Validate user headers (string keys and values) and return them as a JSON object."""
     if not headers:
         return "{}"
+    if not isinstance(headers, Mapping):
+        raise ConfigurationError("headers must be a mapping of strings to strings")
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise ConfigurationError(f"header {name!r}: names and values must be strings")

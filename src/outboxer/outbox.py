@@ -19,6 +19,7 @@ from outboxer._ids import new_message_id
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
 from outboxer.message import encode_headers, encode_payload
+from outboxer.observability.propagation import TRACEPARENT, trace_headers
 from outboxer.stores import _sql
 
 __all__ = ["Outbox", "enqueue", "enqueue_async"]
@@ -86,7 +87,12 @@ class Outbox:
         id: str | None = None,  # noqa: A002 - the contract's word for the message id
         available_at: dt.datetime | dt.timedelta | None = None,
     ) -> Row:
-        """Validate and encode one message; raises ``ConfigurationError`` on bad input."""
+        """Validate and encode one message; raises ``ConfigurationError`` on bad input.
+
+        When an OpenTelemetry span is active, its W3C ``traceparent``/``tracestate`` are added
+        to the headers (unless ``headers`` has a ``traceparent`` of its own), so the relay's
+        publish span continues the caller's trace.
+        """
         if not isinstance(topic, str) or not topic:
             raise ConfigurationError("topic must be a non-empty string")
         if key is not None and not isinstance(key, str | int):
@@ -96,6 +102,11 @@ class Outbox:
         if id is not None and (not isinstance(id, str) or not id):
             raise ConfigurationError("id must be a non-empty string or None")
         body, content_type = encode_payload(payload)
+        trace = trace_headers()
+        if trace is not None and (
+            headers is None or (isinstance(headers, Mapping) and TRACEPARENT not in headers)
+        ):  # (headers of a wrong type are left for encode_headers to refuse)
+            headers = {**headers, **trace} if headers else trace
         return Row(
             id=id or new_message_id(),
             topic=topic,

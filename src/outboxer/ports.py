@@ -8,7 +8,7 @@ their own driver-specific settings in their constructors, never as extra argumen
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -17,9 +17,14 @@ from outboxer.message import Message
 
 __all__ = [
     "Claim",
+    "ConsumeFailure",
+    "ConsumeOutcome",
     "DeadLetter",
     "DeadLetterFilter",
     "DeadLetterPage",
+    "FailurePolicy",
+    "InboxHandler",
+    "InboxStore",
     "OutboxStats",
     "Publisher",
     "RelayInfo",
@@ -304,3 +309,90 @@ class Publisher(Protocol):
     async def __aexit__(self, *exc_info: object) -> None: ...
 
     async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]: ...
+
+
+# -- the receiving side ------------------------------------------------------------------------
+
+#: What became of one delivery to an inbox consumer:
+#:
+#: - ``handled``: the handlers ran and their writes committed with the inbox row;
+#: - ``duplicate``: the consumer had this message id already (handled, waiting or given up):
+#:   nothing ran;
+#: - ``waiting``: an earlier message of the same key is still failing for this consumer: this one
+#:   is stored and runs after it (per-key order);
+#: - ``retrying``: the handlers failed; the failure is recorded and re-driven after a delay;
+#: - ``dead``: the handlers failed for good; the message is a dead letter (direction
+#:   ``consume``).
+ConsumeOutcome = Literal["handled", "duplicate", "waiting", "retrying", "dead"]
+
+#: Runs a message's handlers: ``(message, connection, attempt)``. ``connection`` is the driver
+#: connection of the inbox transaction (asyncpg, aiosqlite; ``None`` for the in-memory store);
+#: ``attempt`` counts from 1.
+InboxHandler = Callable[[Message, Any, int], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumeFailure:
+    """What to do after a failed consumption attempt.
+
+    Attributes:
+        reason: Stored as the failure's ``last_error`` and, for good, the dead letter's reason.
+        retry_in: Seconds until the next attempt; ``None`` makes the message a dead letter.
+    """
+
+    reason: str
+    retry_in: float | None
+
+
+#: Decides a failed attempt: ``(message, attempts so far including this one, error)``.
+FailurePolicy = Callable[[Message, int, Exception], ConsumeFailure]
+
+
+@runtime_checkable
+class InboxStore(Protocol):
+    """Where consumers record what they processed, in the transaction of the handler's writes.
+
+    The pair (consumer, message id) is inserted in the same transaction as everything the
+    handler writes through the connection it is given, so a redelivered message finds the pair
+    and has no second effect. Inbox rows are kept ``retention_seconds`` after the message was
+    handled (or given up), then purged by the sweep.
+    """
+
+    async def consume(
+        self,
+        consumer: str,
+        messages: Sequence[Message],
+        handler: InboxHandler,
+        *,
+        on_failure: FailurePolicy,
+        retention_seconds: float,
+        single_transaction: bool = False,
+    ) -> list[ConsumeOutcome]:
+        """Run ``handler`` for messages delivered by the broker, at most once per consumer.
+
+        One transaction per message, in the given order (the caller passes messages of one key
+        in delivery order), or with ``single_transaction`` one for all of them (fewer round
+        trips; each message still has a savepoint, so a failing handler undoes only its own
+        writes). Returns one outcome per message once all are committed, so the caller may then
+        acknowledge them to the broker. A handler exception is not raised: it is recorded
+        (``retrying``/``dead``).
+
+        Raises:
+            StoreUnavailable: the database failed; the outcomes of some messages may be
+                committed, the others not: acknowledge none of them (redelivered messages that
+                were committed are duplicates then).
+        """
+        ...
+
+    async def redrive_consume_failures(
+        self,
+        consumer: str,
+        handler: InboxHandler,
+        *,
+        on_failure: FailurePolicy,
+        retention_seconds: float,
+        limit: int,
+    ) -> list[ConsumeOutcome]:
+        """Run ``handler`` again for up to ``limit`` failed consumptions that are due, oldest
+        first, only the earliest waiting message of each key; one transaction each."""
+        ...

@@ -17,7 +17,7 @@ import asyncio
 import datetime as dt
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from outboxer.errors import ConfigurationError, NotFound, PublishError
@@ -25,9 +25,13 @@ from outboxer.message import Message
 from outboxer.outbox import Outbox
 from outboxer.ports import (
     Claim,
+    ConsumeFailure,
+    ConsumeOutcome,
     DeadLetter,
     DeadLetterFilter,
     DeadLetterPage,
+    FailurePolicy,
+    InboxHandler,
     OutboxStats,
     RelayInfo,
     Settlement,
@@ -65,6 +69,7 @@ class InMemoryStore:
         self._seq = 0
         self._doorbell = asyncio.Event()
         self._outbox = Outbox()
+        self._inbox = _Inbox()
 
     async def __aenter__(self) -> InMemoryStore:
         return self
@@ -209,11 +214,13 @@ class InMemoryStore:
             swept_by=sweeper,
             publish_retries=self._released_since_sweep,
             publish_failures=failures("publish"),
-            consume_retries=0,
+            consume_retries=self._inbox.retried_since_sweep,
             consume_failures=failures("consume"),
             purged=purged,
         )
         self._released_since_sweep = 0
+        self._inbox.retried_since_sweep = 0
+        self._inbox.purge(now, self._dead)
         return self._last_sweep
 
     async def last_sweep(self) -> SweepReport | None:
@@ -281,7 +288,7 @@ class InMemoryStore:
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         replayed = []
         for _, d in reversed(self._matching(flt)):
-            if d.direction != "publish":
+            if d.direction != "publish" or d.id in self._rows:
                 continue
             del self._dead[d.id]
             self._add(
@@ -298,13 +305,222 @@ class InMemoryStore:
                 )
             )
             replayed.append(d.id)
-        return replayed
+        # Consume dead letters are re-driven to their consumer instead (see docs/inbox.md).
+        return replayed + self._replay_consume_dead_letters(flt)
 
     async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         ids = [d.id for _, d in self._matching(flt)]
         for i in ids:
             del self._dead[i]
         return ids
+
+    # -- inbox (consumers) ---------------------------------------------------------------------
+
+    async def consume(
+        self,
+        consumer: str,
+        messages: Sequence[Message],
+        handler: InboxHandler,
+        *,
+        on_failure: FailurePolicy,
+        retention_seconds: float,
+        single_transaction: bool = False,
+    ) -> list[ConsumeOutcome]:
+        """The inbox without a database: the handler gets ``None`` as its connection (and
+        ``single_transaction`` changes nothing: there are no transactions)."""
+        return [
+            await self._consume_one(consumer, message, handler, on_failure, retention_seconds)
+            for message in messages
+        ]
+
+    async def _consume_one(
+        self,
+        consumer: str,
+        message: Message,
+        handler: InboxHandler,
+        on_failure: FailurePolicy,
+        retention_seconds: float,
+    ) -> ConsumeOutcome:
+        inbox = self._inbox
+        pair = (consumer, message.id)
+        if pair in inbox.rows:
+            return "duplicate"
+        if message.key is not None and inbox.blocked(consumer, message.key):
+            inbox.rows[pair] = None
+            reason = f"waiting behind an earlier failed message of key {message.key!r}"
+            inbox.add_failure(consumer, message, 0, ConsumeFailure(reason, 0.0))
+            return "waiting"
+        inbox.rows[pair] = _now() + dt.timedelta(seconds=retention_seconds)
+        try:
+            await handler(message, None, 1)
+        except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
+            failure = on_failure(message, 1, exc)
+            inbox.add_failure(consumer, message, 1, failure)
+            if failure.retry_in is None:
+                self._dead_letter_consumed(message, 1, failure.reason)
+                return "dead"
+            inbox.rows[pair] = None
+            return "retrying"
+        return "handled"
+
+    async def redrive_consume_failures(
+        self,
+        consumer: str,
+        handler: InboxHandler,
+        *,
+        on_failure: FailurePolicy,
+        retention_seconds: float,
+        limit: int,
+    ) -> list[ConsumeOutcome]:
+        inbox = self._inbox
+        outcomes: list[ConsumeOutcome] = []
+        for failure in inbox.due(consumer, _now())[:limit]:
+            pair = (consumer, failure.message.id)
+            if inbox.rows.get(pair, None) is not None:  # handled meanwhile
+                del inbox.failures[pair]
+                outcomes.append("duplicate")
+                continue
+            attempt = failure.attempts + 1
+            failure.attempts = attempt
+            try:
+                await handler(failure.message, None, attempt)
+            except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
+                verdict = on_failure(failure.message, attempt, exc)
+                failure.last_error = verdict.reason
+                if verdict.retry_in is None:
+                    failure.state = "dead"
+                    inbox.rows[pair] = _now() + dt.timedelta(seconds=retention_seconds)
+                    self._dead_letter_consumed(failure.message, attempt, verdict.reason)
+                    outcomes.append("dead")
+                else:
+                    failure.next_attempt_at = _now() + dt.timedelta(seconds=verdict.retry_in)
+                    outcomes.append("retrying")
+                continue
+            del inbox.failures[pair]
+            inbox.rows[pair] = _now() + dt.timedelta(seconds=retention_seconds)
+            outcomes.append("handled")
+        inbox.retried_since_sweep += sum(outcome != "duplicate" for outcome in outcomes)
+        return outcomes
+
+    def _dead_letter_consumed(self, message: Message, attempts: int, reason: str) -> None:
+        existing = self._dead.get(message.id)
+        if existing is not None:
+            if existing[1].direction == "consume":  # a second consumer gave up on it too
+                self._dead[message.id] = (
+                    existing[0],
+                    replace(
+                        existing[1],
+                        failure_reason=reason,
+                        attempts=max(attempts, existing[1].attempts),
+                        dead_lettered_at=_now(),
+                    ),
+                )
+            return
+        self._seq += 1
+        self._dead[message.id] = (
+            self._seq,
+            DeadLetter(
+                id=message.id,
+                topic=message.topic,
+                key=message.key,
+                type=message.type,
+                payload=message.payload,
+                content_type=message.content_type,
+                headers=message.headers,
+                created_at=message.created_at,
+                dead_lettered_at=_now(),
+                failure_reason=reason,
+                attempts=attempts,
+                direction="consume",
+            ),
+        )
+
+    def _replay_consume_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
+        replayed = []
+        for _, d in reversed(self._matching(flt)):
+            if d.direction != "consume":
+                continue
+            del self._dead[d.id]
+            self._inbox.revive(d.id)
+            replayed.append(d.id)
+        return replayed
+
+
+@dataclass(slots=True)
+class _Failure:
+    seq: int
+    consumer: str
+    message: Message
+    attempts: int
+    next_attempt_at: dt.datetime
+    last_error: str
+    state: str = "retrying"
+
+
+@dataclass(slots=True)
+class _Inbox:
+    """The in-memory inbox: (consumer, message id) → expiry (None while a failure waits)."""
+
+    rows: dict[tuple[str, str], dt.datetime | None] = field(default_factory=dict)
+    failures: dict[tuple[str, str], _Failure] = field(default_factory=dict)
+    retried_since_sweep: int = 0
+    seq: int = 0
+
+    def blocked(self, consumer: str, key: str) -> bool:
+        return any(
+            f.consumer == consumer and f.message.key == key and f.state == "retrying"
+            for f in self.failures.values()
+        )
+
+    def add_failure(
+        self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
+    ) -> None:
+        pair = (consumer, message.id)
+        if pair in self.failures:
+            return
+        self.seq += 1
+        self.failures[pair] = _Failure(
+            seq=self.seq,
+            consumer=consumer,
+            message=message,
+            attempts=attempts,
+            next_attempt_at=_now() + dt.timedelta(seconds=failure.retry_in or 0.0),
+            last_error=failure.reason,
+            state="dead" if failure.retry_in is None else "retrying",
+        )
+
+    def due(self, consumer: str, now: dt.datetime) -> list[_Failure]:
+        mine = sorted(
+            (f for f in self.failures.values() if f.consumer == consumer and f.state == "retrying"),
+            key=lambda f: f.seq,
+        )
+        heads: list[_Failure] = []
+        seen_keys: set[str] = set()
+        for failure in mine:
+            key = failure.message.key
+            if key is not None:
+                if key in seen_keys:
+                    continue
+                seen_keys.add(key)
+            if failure.next_attempt_at <= now:
+                heads.append(failure)
+        return sorted(heads, key=lambda f: (f.next_attempt_at, f.seq))
+
+    def revive(self, message_id: str) -> None:
+        for failure in self.failures.values():
+            if failure.message.id == message_id and failure.state == "dead":
+                failure.state, failure.attempts = "retrying", 0
+                failure.next_attempt_at = _now()
+                failure.last_error = f"replayed: {failure.last_error}"
+                self.rows[(failure.consumer, message_id)] = None
+
+    def purge(self, now: dt.datetime, dead: dict[str, tuple[int, DeadLetter]]) -> None:
+        for pair, expires in list(self.rows.items()):
+            if expires is not None and expires < now:
+                del self.rows[pair]
+        for pair, failure in list(self.failures.items()):
+            if failure.state == "dead" and failure.message.id not in dead:
+                del self.failures[pair]
 
 
 class RecordingPublisher:

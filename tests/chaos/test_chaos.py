@@ -248,7 +248,8 @@ async def test_postgresql_restart_mid_run_loses_nothing(
             stats = await store.stats()
     finally:
         relays.stop()
-    assert all(proc.returncode == 0 for proc in relays.procs), "relays survived the restart"
+    codes = [proc.returncode for proc in relays.procs]
+    assert codes == [0] * len(codes), f"relays survived the restart: exit codes {codes}"
     assert stats.dead_letters == 0
     orders, deliveries, distinct = await first_delivery_orders(redis_stream)
     assert distinct == total

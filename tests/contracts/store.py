@@ -238,3 +238,11 @@ class StoreContract:
         )  # the last sweep is too recent
         assert await store.last_sweep() == report
         assert (await store.stats()).last_sweep == report
+
+    async def test_replay_leaves_a_dead_letter_whose_id_is_back_in_the_outbox(
+        self, store: Any, add: Add
+    ) -> None:
+        [dead_id] = await self._dead_letters(store, add, 1)
+        await add("t", {"n": "again"}, id=dead_id)  # the application wrote the id anew
+        assert await store.replay_dead_letters(DeadLetterFilter(ids=[dead_id])) == []
+        assert (await store.get_dead_letter(dead_id)).id == dead_id

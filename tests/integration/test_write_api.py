@@ -281,6 +281,7 @@ async def test_bad_input_is_refused_before_any_write(
         {"topic": "", "payload": {}},
         {"topic": "t", "payload": object()},
         {"topic": "t", "payload": {}, "headers": {"n": 1}},
+        {"topic": "t", "payload": {}, "headers": ["not", "a", "mapping"]},
         {"topic": "t", "payload": {}, "key": 1.5},
         {"topic": "t", "payload": {}, "available_at": "tomorrow"},
     ]

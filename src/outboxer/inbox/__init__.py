@@ -1,5 +1,44 @@
-"""The receiving side: handler registry (and, later, the idempotent inbox and consumers)."""
+"""The receiving side: handler registry, the idempotent inbox, and running consumers.
 
-from outboxer.inbox.registry import Handler, HandlerRegistry, load_registry
+- :mod:`outboxer.inbox.registry`: which handler runs for which message, typed payloads;
+- :mod:`outboxer.inbox.inbox`: at most one effect per (consumer, message id), retries,
+  consume dead letters;
+- :mod:`outboxer.inbox.consumer`: running a broker adapter (``outboxer.consumers.*``) into an
+  inbox, graceful shutdown;
+- :mod:`outboxer.inbox.wire`: the publishers' wire formats decoded back into messages.
 
-__all__ = ["Handler", "HandlerRegistry", "load_registry"]
+Nothing here imports a database or broker driver. See docs/inbox.md.
+"""
+
+from outboxer.inbox.consumer import BrokerConsumer, run_consumer
+from outboxer.inbox.inbox import (
+    ConsumerStopping,
+    Inbox,
+    InboxCounters,
+    InboxSettings,
+    validate_consumer_name,
+)
+from outboxer.inbox.registry import (
+    Handler,
+    HandlerContext,
+    HandlerRegistry,
+    PermanentHandlerError,
+    UndecodablePayload,
+    load_registry,
+)
+
+__all__ = [
+    "BrokerConsumer",
+    "ConsumerStopping",
+    "Handler",
+    "HandlerContext",
+    "HandlerRegistry",
+    "Inbox",
+    "InboxCounters",
+    "InboxSettings",
+    "PermanentHandlerError",
+    "UndecodablePayload",
+    "load_registry",
+    "run_consumer",
+    "validate_consumer_name",
+]

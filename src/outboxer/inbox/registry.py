@@ -1,26 +1,217 @@
-"""Handler registry: which functions react to which messages.
+"""Handler registry: which functions react to which messages, and how they are called.
 
-One registry serves the in-process publisher (``inprocess://module:registry``) and, later, the
-broker consumers. A handler is chosen by the message ``type`` (``UserRegistered``) or, for
-messages without a matching type handler, by ``topic``. Handlers may be plain or ``async``
-functions taking the :class:`~outboxer.message.Message`; delivery is at-least-once, so handlers
-must be idempotent.
+One registry serves the in-process publisher (``inprocess://module:registry``) and the broker
+consumers (``outboxer consume --handlers module:registry``). A handler is chosen by the message
+``type`` (``UserRegistered``) or, for messages without a matching type handler, by ``topic``.
+Delivery is at-least-once, so handlers must be idempotent; through the inbox
+(:mod:`outboxer.inbox.inbox`) their database writes are.
+
+A handler takes one or two parameters::
+
+    def handler(payload) / def handler(payload, ctx)      (or ``async def``)
+
+- ``payload`` is the :class:`~outboxer.message.Message` itself, unless the first parameter is
+  annotated with a dataclass or a pydantic model (anything with ``model_validate``): then the
+  JSON payload is decoded into that class. ``dict``/``list`` give the decoded JSON, ``str`` the
+  text, ``bytes`` the raw payload.
+- ``ctx`` is a :class:`HandlerContext`: the message, the database connection of the inbox
+  transaction (write through it and your writes commit or roll back with the inbox row), the
+  consumer name and the attempt number.
+
+A payload that cannot be decoded into the annotated type raises :class:`UndecodablePayload`, a
+:class:`PermanentHandlerError`: retrying cannot help, so the message is dead-lettered at once.
+
+Classes work too: decorating a class registers an instance made without arguments, and an
+instance of a class with ``__call__`` can be registered directly (with its settings)::
+
+    @handlers.handler()                      # the type is taken from the annotation's name
+    def send_welcome_email(event: UserRegistered, ctx: HandlerContext) -> None: ...
+
+    handlers.register(SendWelcomeEmail(smtp_host="mail"), "UserRegistered")
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
+import typing
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from outboxer.errors import ConfigurationError
+from outboxer.errors import ConfigurationError, OutboxerError
 from outboxer.message import Message
 
-__all__ = ["Handler", "HandlerRegistry", "load_registry"]
+__all__ = [
+    "Handler",
+    "HandlerContext",
+    "HandlerRegistry",
+    "PermanentHandlerError",
+    "UndecodablePayload",
+    "load_registry",
+]
 
-Handler = Callable[[Message], Any] | Callable[[Message], Awaitable[Any]]
+Handler = Callable[..., Any] | Callable[..., Awaitable[Any]]
+
+
+class PermanentHandlerError(OutboxerError):
+    """Raised by (or for) a handler when retrying can never help: the message is
+    dead-lettered at once (the in-process publisher reports a ``PermanentPublishError``)."""
+
+
+class UndecodablePayload(PermanentHandlerError):
+    """The payload does not decode into the type the handler's first parameter asks for."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerContext:
+    """What a handler may want besides the payload.
+
+    Attributes:
+        message: The message being handled (id, topic, key, type, headers, raw payload).
+        connection: The driver connection of the inbox transaction (an asyncpg connection or an
+            aiosqlite connection): writes made through it commit together with the inbox row
+            and are undone if the handler fails. Never commit or roll back on it. ``None`` when
+            the handler runs without an inbox (``inprocess://``, the in-memory store).
+        consumer: The inbox consumer name, ``None`` outside a consumer.
+        attempt: 1 on the first delivery, 2 on the first retry, ...
+    """
+
+    message: Message
+    connection: Any = None
+    consumer: str | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Signature:
+    """How to call one handler, worked out once at registration."""
+
+    decode: Callable[[Message], Any]
+    wants_context: bool
+    is_async: bool
+
+
+def _decoder_for(annotation: Any, handler: Handler) -> tuple[Callable[[Message], Any], str | None]:
+    """The payload decoder for a first-parameter annotation, and the type name it implies."""
+    if annotation is inspect.Parameter.empty or annotation is Message or annotation is Any:
+        return (lambda message: message), None
+    origin = typing.get_origin(annotation) or annotation
+    if origin is dict or origin is list:
+        return _json, None
+    if annotation is str:
+        return (lambda message: message.text), None
+    if annotation is bytes:
+        return (lambda message: message.payload), None
+    if isinstance(annotation, type) and callable(getattr(annotation, "model_validate", None)):
+        model: Any = annotation
+
+        def pydantic(message: Message) -> Any:
+            try:
+                if callable(getattr(model, "model_validate_json", None)):
+                    return model.model_validate_json(message.payload)
+                return model.model_validate(message.json())
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                raise UndecodablePayload(_undecodable(message, model, exc)) from exc
+
+        return pydantic, annotation.__name__
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        return _dataclass_decoder(annotation), annotation.__name__
+    raise ConfigurationError(
+        f"handler {_name(handler)}: cannot decode a payload into {annotation!r}; annotate the "
+        "first parameter with Message, a dataclass, a pydantic model, dict, list, str or bytes"
+    )
+
+
+def _json(message: Message) -> Any:
+    try:
+        return message.json()
+    except ValueError as exc:
+        raise UndecodablePayload(_undecodable(message, "JSON", exc)) from exc
+
+
+def _dataclass_decoder(cls: type[Any]) -> Callable[[Message], Any]:
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+
+    def decode(message: Message) -> Any:
+        data = _json(message)
+        if not isinstance(data, dict):
+            raise UndecodablePayload(_undecodable(message, cls, "not a JSON object"))
+        # A tolerant reader: fields added by a newer producer are ignored, not fatal.
+        try:
+            return cls(**{k: v for k, v in data.items() if k in names})
+        except (TypeError, ValueError) as exc:
+            raise UndecodablePayload(_undecodable(message, cls, exc)) from exc
+
+    return decode
+
+
+def _undecodable(message: Message, target: object, why: object) -> str:
+    name = getattr(target, "__name__", target)
+    return f"payload of message {message.id} does not decode into {name}: {why}"
+
+
+def _name(handler: Handler) -> str:
+    return getattr(handler, "__qualname__", None) or type(handler).__qualname__
+
+
+def _payload_annotation(target: Any, parameter: inspect.Parameter) -> Any:
+    """The first parameter's annotation, resolved (``from __future__ import annotations``
+    makes it a string). Another parameter's unresolvable annotation (say ``ctx`` annotated
+    with a name imported only under ``TYPE_CHECKING``) does not matter here.
+
+    Raises:
+        ConfigurationError: the payload annotation names something that cannot be resolved
+            (a class defined inside a function, a missing import): guessing "the Message"
+            would hand the handler the wrong object at run time.
+    """
+    try:
+        return typing.get_type_hints(target).get(parameter.name, inspect.Parameter.empty)
+    except Exception:  # noqa: BLE001 - resolve the one annotation that matters below
+        pass
+    annotation = parameter.annotation
+    if not isinstance(annotation, str):
+        return annotation
+    namespace = dict(getattr(target, "__globals__", {}))
+    namespace.setdefault("Message", Message)
+    try:
+        return eval(annotation, namespace)  # a type annotation, as typing itself evaluates it
+    except Exception as exc:  # noqa: BLE001 - any failure means "cannot resolve"
+        raise ConfigurationError(
+            f"handler {getattr(target, '__qualname__', target)!r}: cannot resolve the payload "
+            f"annotation {annotation!r} ({exc}); define that type at module level"
+        ) from None
+
+
+def _signature(handler: Handler) -> tuple[_Signature, str | None]:
+    try:  # callable objects: the signature of __call__ without self
+        parameters = list(inspect.signature(handler).parameters.values())
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"handler {_name(handler)}: no inspectable signature") from exc
+    if inspect.isroutine(handler) or inspect.isfunction(handler):
+        target: Any = handler
+    else:
+        target = getattr(handler, "__call__", handler)  # noqa: B004 - callable objects
+    positional = [
+        p
+        for p in parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    required = [p for p in positional if p.default is inspect.Parameter.empty]
+    if not positional or len(required) > 2:
+        raise ConfigurationError(
+            f"handler {_name(handler)} must take (payload) or (payload, ctx), "
+            f"not {len(required)} required parameters"
+        )
+    decode, type_name = _decoder_for(_payload_annotation(target, positional[0]), handler)
+    signature = _Signature(
+        decode=decode,
+        wants_context=len(positional) >= 2,
+        is_async=HandlerRegistry.is_async(handler),
+    )
+    return signature, type_name
 
 
 class HandlerRegistry:
@@ -37,35 +228,58 @@ class HandlerRegistry:
     def __init__(self) -> None:
         self._by_type: dict[str, list[Handler]] = defaultdict(list)
         self._by_topic: dict[str, list[Handler]] = defaultdict(list)
+        # id(handler) -> how to call it; the handler objects stay alive in the lists above.
+        self._signatures: dict[int, _Signature] = {}
 
     def register(
         self,
-        function: Handler,
+        function: Handler | type[Any],
         type: str | None = None,  # noqa: A002 - the contract's word
         *,
         topic: str | None = None,
     ) -> Handler:
-        """Register ``function`` for a message type and/or a topic."""
+        """Register ``function`` for a message type and/or a topic.
+
+        Without either, the type is the class name of the first parameter's dataclass or
+        pydantic annotation (``def f(event: UserRegistered)`` handles ``UserRegistered``). A
+        class is instantiated without arguments. Returns what was registered.
+
+        Raises:
+            ConfigurationError: not callable, no type/topic to register under, or a signature
+                that is neither ``(payload)`` nor ``(payload, ctx)``.
+        """
+        # A class is a handler factory: its instance (made without arguments) is the handler.
+        handler: Handler = typing.cast(
+            Handler, function() if inspect.isclass(function) else function
+        )
+        if not callable(handler):
+            raise ConfigurationError(f"handler {handler!r} is not callable")
+        signature, type_name = _signature(handler)
+        if type is None and topic is None:
+            type = type_name  # noqa: A001 - the contract's word
         if type is None and topic is None:
             raise ConfigurationError("a handler needs a message type or a topic")
-        if not callable(function):
-            raise ConfigurationError(f"handler {function!r} is not callable")
+        self._signatures[id(handler)] = signature
         if type is not None:
-            self._by_type[type].append(function)
+            self._by_type[type].append(handler)
         if topic is not None:
-            self._by_topic[topic].append(function)
-        return function
+            self._by_topic[topic].append(handler)
+        return handler
 
     def handler(
         self,
         type: str | None = None,  # noqa: A002 - the contract's word
         *,
         topic: str | None = None,
-    ) -> Callable[[Handler], Handler]:
-        """Decorator form of :meth:`register`."""
+    ) -> Callable[[Any], Any]:
+        """Decorator form of :meth:`register` (for functions and classes).
 
-        def decorate(function: Handler) -> Handler:
-            return self.register(function, type, topic=topic)
+        The decorated name stays bound to what was decorated (the function, or the class).
+        """
+
+        def decorate(function: Any) -> Any:
+            self.register(function, type, topic=topic)
+            return function
 
         return decorate
 
@@ -74,6 +288,29 @@ class HandlerRegistry:
         if message.type is not None and message.type in self._by_type:
             return self._by_type[message.type]
         return self._by_topic.get(message.topic, [])
+
+    @property
+    def topics(self) -> list[str]:
+        """The topics handlers were registered for (consumers subscribe to them by default)."""
+        return [topic for topic, handlers in self._by_topic.items() if handlers]
+
+    def call(self, handler: Handler, message: Message, context: HandlerContext) -> Any:
+        """Call ``handler`` as its signature asks: decoded payload, then the context if wanted.
+
+        Returns what the handler returns: an awaitable for an ``async`` handler, so the caller
+        awaits it (or runs a plain handler in a worker thread and ignores the result).
+
+        Raises:
+            UndecodablePayload: the payload does not fit the annotated type.
+        """
+        signature = self._signatures.get(id(handler))
+        if signature is None:  # added to the lists behind register()'s back
+            signature = _signature(handler)[0]
+            self._signatures[id(handler)] = signature
+        payload = signature.decode(message)
+        if signature.wants_context:
+            return handler(payload, context)
+        return handler(payload)
 
     @staticmethod
     def is_async(function: Handler) -> bool:

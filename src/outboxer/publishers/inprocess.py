@@ -5,6 +5,12 @@ attempt (retried later, dead-lettered after ``max_attempts``); raising
 :class:`~outboxer.errors.PermanentPublishError` dead-letters at once. A message with no handler
 is a permanent failure: silently dropping it would hide a wiring mistake.
 
+Handlers are called through :meth:`HandlerRegistry.call`, like the broker consumers call them:
+typed payload decoding, and a :class:`~outboxer.inbox.registry.HandlerContext` (without a
+database connection here: there is no inbox transaction). A payload that does not decode into
+the annotated type (:class:`~outboxer.inbox.registry.PermanentHandlerError`) is dead-lettered at
+once.
+
 Plain (sync) handlers of a batch run one after the other in one worker thread, so a slow handler
 never blocks the relay's event loop; async handlers run concurrently on the loop. Within a batch
 the relay never puts two messages of the same key (ordered mode), so concurrency keeps order.
@@ -22,7 +28,13 @@ from outboxer.errors import (
     PublishError,
     RetryablePublishError,
 )
-from outboxer.inbox.registry import Handler, HandlerRegistry, load_registry
+from outboxer.inbox.registry import (
+    Handler,
+    HandlerContext,
+    HandlerRegistry,
+    PermanentHandlerError,
+    load_registry,
+)
 from outboxer.message import Message
 
 __all__ = ["InProcessPublisher"]
@@ -31,6 +43,8 @@ __all__ = ["InProcessPublisher"]
 def _as_publish_error(exc: BaseException) -> PublishError:
     if isinstance(exc, PermanentPublishError | BrokerUnavailable | RetryablePublishError):
         return exc
+    if isinstance(exc, PermanentHandlerError):  # e.g. a payload that does not decode
+        return PermanentPublishError(f"handler raised {type(exc).__name__}: {exc}")
     return RetryablePublishError(f"handler raised {type(exc).__name__}: {exc}")
 
 
@@ -66,21 +80,24 @@ class InProcessPublisher:
             else:
                 threaded.append((index, handlers))
         if threaded:
-            await asyncio.to_thread(self._run_sync, results, messages, threaded)
+            await asyncio.to_thread(self._run_sync, self.registry, results, messages, threaded)
         if looped:
             await asyncio.gather(*looped)
         return results
 
     @staticmethod
     def _run_sync(
+        registry: HandlerRegistry,
         results: list[PublishError | None],
         messages: Sequence[Message],
         work: list[tuple[int, list[Handler]]],
     ) -> None:
         for index, handlers in work:
+            message = messages[index]
+            context = _context(message)
             try:
                 for handler in handlers:
-                    handler(messages[index])
+                    registry.call(handler, message, context)
             except Exception as exc:  # noqa: BLE001 - a handler's failure is the message's
                 results[index] = _as_publish_error(exc)
 
@@ -91,11 +108,17 @@ class InProcessPublisher:
         message: Message,
         handlers: list[Handler],
     ) -> None:
+        context = _context(message)
         try:
             for handler in handlers:
                 if self.registry.is_async(handler):
-                    await handler(message)
+                    await self.registry.call(handler, message, context)
                 else:
-                    await asyncio.to_thread(handler, message)
+                    await asyncio.to_thread(self.registry.call, handler, message, context)
         except Exception as exc:  # noqa: BLE001 - a handler's failure is the message's
             results[index] = _as_publish_error(exc)
+
+
+def _context(message: Message) -> HandlerContext:
+    """No inbox here: no connection; the attempt is the publish attempt."""
+    return HandlerContext(message=message, attempt=message.attempts + 1)

@@ -39,6 +39,13 @@ from outboxer.errors import (
 )
 from outboxer.message import Message
 from outboxer.ports import Claim, Publisher, RelayInfo, Retry, Settlement, Store
+from outboxer.relay.observer import (
+    GuardedObserver,
+    NoopObserver,
+    PublishOutcome,
+    RelayObserver,
+    current_relay_id,
+)
 
 __all__ = ["Relay", "RelayCounters"]
 
@@ -75,14 +82,24 @@ class Relay:
         store: Where messages wait (its lifecycle belongs to the caller).
         publisher: Where they go (entered and exited by the caller).
         settings: Batch size, window, retries, backoff, leases.
+        observer: Told about claims, publish calls, outages and heartbeats (metrics); see
+            :mod:`outboxer.relay.observer`. Default: nothing is reported.
     """
 
     def __init__(
-        self, store: Store, publisher: Publisher, settings: RelaySettings | None = None
+        self,
+        store: Store,
+        publisher: Publisher,
+        settings: RelaySettings | None = None,
+        *,
+        observer: RelayObserver | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
         self.settings = settings or RelaySettings()
+        self.observer: RelayObserver = (
+            NoopObserver() if observer is None else GuardedObserver(observer)
+        )
         host = socket.gethostname()
         self.relay_id = self.settings.relay_id or f"{host}:{os.getpid()}:{secrets.token_hex(3)}"
         self.info = RelayInfo(
@@ -128,6 +145,8 @@ class Relay:
     # -- loop --------------------------------------------------------------------------------
 
     async def _run(self, *, until_empty: bool) -> RelayCounters:
+        relay_id_token = current_relay_id.set(self.relay_id)  # for logs; tasks inherit it
+        self.observer.relay_started(self.info)
         log.info(
             "relay %s starting (batch %d, window %d, %s)",
             self.relay_id,
@@ -151,7 +170,9 @@ class Relay:
             await asyncio.gather(*background, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await self.store.unregister(self.relay_id)
+            self.observer.relay_stopped(self.info)
             log.info("relay %s stopped: %s", self.relay_id, self.counters)
+            current_relay_id.reset(relay_id_token)
         return self.counters
 
     async def _claim_loop(self, until_empty: bool) -> None:
@@ -167,6 +188,7 @@ class Relay:
                     await self._sleep(wait)
                     continue
                 busy, settled = len(self._in_flight), self._settled_batches
+                claim_started = time.monotonic()
                 try:
                     claim = await self.store.claim_batch(
                         limit=settings.batch_size,
@@ -175,12 +197,14 @@ class Relay:
                         relay_id=self.relay_id,
                     )
                 except StoreError as exc:
+                    self.observer.store_unavailable("claim")
                     self._store_failures += 1
                     delay = settings.outage.delay(self._store_failures)
                     log.warning("store unavailable (%s): retrying in %.1fs", exc, delay)
                     await self._sleep(delay)
                     continue
                 self._store_failures = 0
+                self.observer.claimed(len(claim.messages), time.monotonic() - claim_started)
                 if claim.messages:
                     idle = settings.min_poll_interval
                     if busy:
@@ -189,6 +213,7 @@ class Relay:
                     task = asyncio.create_task(self._deliver(claim))
                     self._in_flight.add(task)
                     task.add_done_callback(self._delivered)
+                    self.observer.in_flight(len(self._in_flight))
                     started = True
                     if len(claim.messages) == settings.batch_size and not saturated:
                         continue  # a full batch: more is probably waiting, claim again now
@@ -220,6 +245,7 @@ class Relay:
         self._settled_batches += 1
         self._in_flight.discard(task)
         self._window.release()
+        self.observer.in_flight(len(self._in_flight))
         if not task.cancelled() and task.exception() is not None:
             log.error("delivery task failed", exc_info=task.exception())
 
@@ -242,7 +268,15 @@ class Relay:
             await asyncio.wait(
                 [*own, *others], timeout=seconds, return_when=asyncio.FIRST_COMPLETED
             )
-            return doorbell and own[1].done() and own[1].result() is True
+            # A doorbell that failed (the LISTEN connection died with the database) is no ring:
+            # polling carries on, and the next wait opens a new listener.
+            return (
+                doorbell
+                and own[1].done()
+                and not own[1].cancelled()
+                and own[1].exception() is None
+                and own[1].result() is True
+            )
         finally:
             for waiter in own:
                 waiter.cancel()
@@ -264,7 +298,9 @@ class Relay:
         while True:
             try:
                 await self.store.heartbeat(self.info)
+                self.observer.heartbeat(True)
             except StoreError as exc:
+                self.observer.heartbeat(False)
                 log.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(self.settings.heartbeat_interval)
 
@@ -287,6 +323,7 @@ class Relay:
                 if report is not None:
                     log.info("sweep done: %s", report.to_json())
             except StoreError as exc:
+                self.observer.store_unavailable("sweep")
                 log.warning("sweep failed: %s", exc)
             await asyncio.sleep(tick)
 
@@ -298,8 +335,9 @@ class Relay:
             if self.settings.ordered:
                 await self._publish_in_waves(claim.messages, settlement)
             else:
+                started = time.monotonic()
                 results = await self._publish(claim.messages)
-                self._classify(claim.messages, results, settlement)
+                self._classify(claim.messages, results, settlement, time.monotonic() - started)
         except asyncio.CancelledError:
             # Shutdown ran out of time: settle what is known, hand the rest back at once so
             # another relay can take it without waiting for the lease to expire.
@@ -336,8 +374,9 @@ class Relay:
             held = [m.id for m in wave if m.key in blocked]
             settlement.released.extend(held)
             self.counters.released += len(held)
+            started = time.monotonic()
             results = await self._publish(todo)
-            outage = self._classify(todo, results, settlement)
+            outage = self._classify(todo, results, settlement, time.monotonic() - started)
             blocked.update(m.key for m, r in zip(todo, results, strict=True) if r is not None)
             if outage:
                 rest = [m.id for later in waves[n + 1 :] for m in later]
@@ -365,28 +404,46 @@ class Relay:
         messages: Sequence[Message],
         results: Sequence[PublishError | None],
         settlement: Settlement,
+        seconds: float,
     ) -> bool:
-        """Add each message's fate to ``settlement``; True when the broker was unavailable."""
+        """Add each message's fate to ``settlement``; True when the broker was unavailable.
+
+        ``seconds`` is how long the publish call took (for the observer).
+        """
         outage: BrokerUnavailable | None = None
         published = retried = dead = released = 0
+        outcomes: list[PublishOutcome] = []
         for message, result in zip(messages, results, strict=True):
             if result is None:
                 settlement.published.append(message.id)
                 published += 1
+                outcomes.append("published")
             elif isinstance(result, BrokerUnavailable):
                 settlement.released.append(message.id)
                 released += 1
                 outage = result
+                outcomes.append("broker_unavailable")
             elif (
                 isinstance(result, PermanentPublishError)
                 or message.attempts + 1 >= self.settings.max_attempts
             ):
                 settlement.dead.append((message.id, _reason(result)))
                 dead += 1
+                outcomes.append("dead_letter")
             else:
                 delay = self.settings.retry.delay(message.attempts + 1)
                 settlement.retries.append(Retry(message.id, delay, _reason(result)))
                 retried += 1
+                outcomes.append("retry")
+        self.observer.published(messages, outcomes, seconds)
+        if dead:
+            ids = [m.id for m, o in zip(messages, outcomes, strict=True) if o == "dead_letter"]
+            log.warning(
+                "dead-lettered %d message(s): %s",
+                dead,
+                ", ".join(ids[:20]) + (f" (+{dead - 20} more)" if dead > 20 else ""),
+                extra={"message_ids": ids},
+            )
         counters = self.counters
         counters.published += published
         counters.retried += retried
@@ -398,6 +455,7 @@ class Relay:
         if published and self._outage_failures:
             log.info("broker is back after %d failed rounds", self._outage_failures)
             self._outage_failures = 0
+            self.observer.outage(0, 0.0)
         return False
 
     def _broker_down(self, error: BrokerUnavailable) -> None:
@@ -408,6 +466,7 @@ class Relay:
         self.counters.outages += 1
         delay = self.settings.outage.delay(self._outage_failures)
         self._outage_until = now + delay
+        self.observer.outage(self._outage_failures, delay)
         log.warning("broker unavailable (%s): pausing %.1fs", error, delay)
 
     async def _settle(self, claim: Claim, settlement: Settlement) -> None:
@@ -419,6 +478,7 @@ class Relay:
                 await self.store.settle(claim, settlement)
                 return
             except StoreError as exc:
+                self.observer.store_unavailable("settle")
                 failures += 1
                 delay = min(0.1 * 2**failures, 5.0)
                 if time.monotonic() + delay > deadline:

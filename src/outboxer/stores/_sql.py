@@ -15,7 +15,8 @@ from importlib import resources
 from outboxer.config import TableNames
 
 _PLACEHOLDER = re.compile(
-    r"\{(outbox|dead_letters|relays|sweeps|schema_version|notify_fn|t|channel)\}"
+    r"\{(outbox|dead_letters|relays|sweeps|schema_version|notify_fn|inbox|inbox_failures"
+    r"|t|channel)\}"
 )
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _MIGRATION = re.compile(r"^(\d{4})_\w+\.sql$")
@@ -30,6 +31,8 @@ def placeholders(names: TableNames, quote: str = '"') -> dict[str, str]:
         "sweeps": names.qualified("_sweeps", quote=quote),
         "schema_version": names.qualified("_schema_version", quote=quote),
         "notify_fn": names.qualified("_notify", quote=quote),
+        "inbox": names.qualified("_inbox", quote=quote),
+        "inbox_failures": names.qualified("_inbox_failures", quote=quote),
         "t": names.table,
         "channel": names.channel,
     }

@@ -22,12 +22,23 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from outboxer.config import TableNames
-from outboxer.errors import ConfigurationError, NotFound, SchemaError, StoreUnavailable
+from outboxer.errors import (
+    ConfigurationError,
+    NotFound,
+    SchemaError,
+    StoreError,
+    StoreUnavailable,
+)
+from outboxer.message import Message, encode_headers
 from outboxer.ports import (
     Claim,
+    ConsumeFailure,
+    ConsumeOutcome,
     DeadLetter,
     DeadLetterFilter,
     DeadLetterPage,
+    FailurePolicy,
+    InboxHandler,
     OutboxStats,
     RelayInfo,
     Settlement,
@@ -49,6 +60,13 @@ T = TypeVar("T")
 #: What operations receive: a connection borrowed from the pool.
 Conn: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 
+#: The sweep purges expired inbox rows this many at a time, for at most this many seconds.
+_INBOX_PURGE_BATCH = 5000
+_INBOX_PURGE_SECONDS = 10.0
+
+#: Releases the savepoint of one message and opens the next one's, in one round trip.
+_RENEW_SAVEPOINT = "RELEASE SAVEPOINT outboxer_message; SAVEPOINT outboxer_message"
+
 #: Connection problems that mean "the database is not reachable right now".
 _UNAVAILABLE = (
     OSError,
@@ -58,6 +76,8 @@ _UNAVAILABLE = (
     asyncpg.CannotConnectNowError,
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
+    # the connection died under a running operation (e.g. a database restart)
+    asyncpg.InternalClientError,
 )
 
 
@@ -152,6 +172,12 @@ class PostgresStore:
             ) from exc
         except asyncpg.InvalidSchemaNameError as exc:
             raise SchemaError(f"{exc}: run 'outboxer db upgrade'") from exc
+        except (asyncpg.DataError, asyncpg.CharacterNotInRepertoireError) as exc:
+            # A value PostgreSQL cannot store (NUL in text, an out-of-range number): the
+            # caller's input, not the database, is at fault.
+            raise ConfigurationError(f"invalid value: {exc}") from exc
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"PostgreSQL: {exc}") from exc
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"PostgreSQL unavailable: {exc}") from exc
 
@@ -288,7 +314,10 @@ class PostgresStore:
                 )
             return sweep_report(row) if row is not None else None
 
-        return await self._run(sweep)
+        report = await self._run(sweep)
+        if report is not None:  # this instance won the sweep: the inbox part follows
+            await self._sweep_inbox()
+        return report
 
     async def last_sweep(self) -> SweepReport | None:
         async def read(conn: Conn) -> SweepReport | None:
@@ -298,7 +327,7 @@ class PostgresStore:
         return await self._run(read)
 
     async def wait_for_messages(self, timeout: float) -> bool:
-        if self._listener is None or self._listener.is_closed():
+        if not self._listening():
             await self._listen()
         try:
             await asyncio.wait_for(self._doorbell.wait(), timeout)
@@ -306,6 +335,14 @@ class PostgresStore:
             return False
         self._doorbell.clear()
         return True
+
+    def _listening(self) -> bool:
+        if self._listener is None:
+            return False
+        try:
+            return not self._listener.is_closed()
+        except asyncpg.InterfaceError:  # the pool took the broken connection back (restart)
+            return False
 
     async def _listen(self) -> None:
         """Hold one pooled connection for LISTEN; on failure polling carries on alone."""
@@ -394,7 +431,10 @@ class PostgresStore:
         return await self._run(run)
 
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
-        return await self._bulk("replay_dead_letters", flt)
+        # Consume dead letters are re-driven to their consumer instead (see docs/inbox.md).
+        return await self._bulk("replay_dead_letters", flt) + (
+            await self._replay_consume_dead_letters(flt)
+        )
 
     async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         return await self._bulk("purge_dead_letters", flt)
@@ -406,3 +446,303 @@ class PostgresStore:
             return list(await conn.fetch(_sql.render(sql, self.names), *args))
 
         return await self._run(run)
+
+    # -- inbox (consumers) ---------------------------------------------------------------------
+
+    async def consume(
+        self,
+        consumer: str,
+        messages: Sequence[Message],
+        handler: InboxHandler,
+        *,
+        on_failure: FailurePolicy,
+        retention_seconds: float,
+        single_transaction: bool = False,
+    ) -> list[ConsumeOutcome]:
+        """Run ``handler`` once per (consumer, message id), in order, on one pooled connection
+        that the handler gets (see :class:`~outboxer.ports.InboxStore`): each message in its
+        own transaction with its inbox row, or all of them in one (``single_transaction``)."""
+        retention = float(retention_seconds)
+
+        async def run(conn: Conn) -> list[ConsumeOutcome]:
+            if single_transaction:
+                async with conn.transaction():
+                    return await self._consume_in_one_transaction(
+                        conn, consumer, messages, handler, on_failure, retention
+                    )
+            return [
+                await self._consume_one(conn, consumer, message, handler, on_failure, retention)
+                for message in messages
+            ]
+
+        return await self._run(run)
+
+    async def _consume_in_one_transaction(
+        self,
+        conn: Conn,
+        consumer: str,
+        messages: Sequence[Message],
+        handler: InboxHandler,
+        on_failure: FailurePolicy,
+        retention: float,
+    ) -> list[ConsumeOutcome]:
+        """All messages in the caller's transaction, two round trips per handled message.
+
+        A savepoint is open before each message's inbox insert; after the handler it is
+        released and the next one opened in one simple-protocol round trip (RELEASE also fails
+        if the handler left the transaction aborted). A failing handler is rolled back to the
+        savepoint, which undoes its inbox row too, so the failure path inserts the row again.
+        """
+        outcomes: list[ConsumeOutcome] = []
+        await conn.execute("SAVEPOINT outboxer_message")
+        for message in messages:
+            row = await conn.fetchrow(
+                self._q["inbox_receive"], consumer, message.id, message.key, retention
+            )
+            assert row is not None  # a SELECT of two expressions always returns a row
+            if not row["fresh"]:
+                outcomes.append("duplicate")
+                continue
+            if row["blocked"]:
+                reason = f"waiting behind an earlier failed message of key {message.key!r}"
+                await self._insert_consume_failure(
+                    conn, consumer, message, 0, ConsumeFailure(reason, 0.0)
+                )
+                await conn.execute(_RENEW_SAVEPOINT)
+                outcomes.append("waiting")
+                continue
+            try:
+                await handler(message, conn, 1)
+                await conn.execute(_RENEW_SAVEPOINT)
+            except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
+                await conn.execute("ROLLBACK TO SAVEPOINT outboxer_message")
+                outcomes.append(
+                    await self._record_first_failure(
+                        conn, consumer, message, on_failure(message, 1, exc), retention
+                    )
+                )
+                await conn.execute(_RENEW_SAVEPOINT)
+                continue
+            outcomes.append("handled")
+        return outcomes
+
+    async def _record_first_failure(
+        self,
+        conn: Conn,
+        consumer: str,
+        message: Message,
+        failure: ConsumeFailure,
+        retention: float,
+    ) -> ConsumeOutcome:
+        # The inbox row was rolled back with the handler: insert it again, with no expiry while
+        # a retry is pending. If it exists (another instance handled the message meanwhile), the
+        # message is done: nothing to record.
+        expiry = None if failure.retry_in is not None else retention
+        if not await conn.fetchval(self._q["inbox_insert_again"], consumer, message.id, expiry):
+            return "duplicate"
+        await self._insert_consume_failure(conn, consumer, message, 1, failure)
+        if failure.retry_in is None:
+            await self._dead_letter_consumed(conn, message, 1, failure.reason)
+            return "dead"
+        return "retrying"
+
+    async def _consume_one(
+        self,
+        conn: Conn,
+        consumer: str,
+        message: Message,
+        handler: InboxHandler,
+        on_failure: FailurePolicy,
+        retention: float,
+    ) -> ConsumeOutcome:
+        async with conn.transaction():
+            row = await conn.fetchrow(
+                self._q["inbox_receive"], consumer, message.id, message.key, retention
+            )
+            assert row is not None  # a SELECT of two expressions always returns a row
+            if not row["fresh"]:
+                return "duplicate"
+            if row["blocked"]:
+                reason = f"waiting behind an earlier failed message of key {message.key!r}"
+                await self._insert_consume_failure(
+                    conn, consumer, message, 0, ConsumeFailure(reason, 0.0)
+                )
+                return "waiting"
+            error = await self._run_handler_in_savepoint(conn, handler, message, 1)
+            if error is None:
+                return "handled"
+            failure = on_failure(message, 1, error)
+            await self._insert_consume_failure(conn, consumer, message, 1, failure)
+            if failure.retry_in is None:
+                await self._dead_letter_consumed(conn, message, 1, failure.reason)
+                return "dead"
+            await conn.execute(self._q["inbox_set_retrying"], consumer, message.id)
+            return "retrying"
+
+    async def redrive_consume_failures(
+        self,
+        consumer: str,
+        handler: InboxHandler,
+        *,
+        on_failure: FailurePolicy,
+        retention_seconds: float,
+        limit: int,
+    ) -> list[ConsumeOutcome]:
+        """Re-drive due failed consumptions of ``consumer``, one transaction each."""
+
+        async def due(conn: Conn) -> list[str]:
+            return [
+                r["message_id"] for r in await conn.fetch(self._q["inbox_due"], consumer, limit)
+            ]
+
+        outcomes: list[ConsumeOutcome] = []
+        for message_id in await self._run(due):
+
+            async def redrive(conn: Conn, message_id: str = message_id) -> ConsumeOutcome | None:
+                return await self._redrive_one(
+                    conn, consumer, message_id, handler, on_failure, float(retention_seconds)
+                )
+
+            outcome = await self._run(redrive)
+            if outcome is not None:
+                outcomes.append(outcome)
+        attempts = sum(outcome != "duplicate" for outcome in outcomes)
+        if attempts:
+
+            async def count(conn: Conn) -> None:
+                await conn.execute(self._q["inbox_count_retries"], attempts)
+
+            await self._run(count)
+        return outcomes
+
+    async def _redrive_one(
+        self,
+        conn: Conn,
+        consumer: str,
+        message_id: str,
+        handler: InboxHandler,
+        on_failure: FailurePolicy,
+        retention: float,
+    ) -> ConsumeOutcome | None:
+        async with conn.transaction():
+            # The row lock is the re-drive's ownership: held until this transaction ends.
+            row = await conn.fetchrow(self._q["inbox_failure_lock"], consumer, message_id)
+            if row is None:  # taken by another instance, or no longer due
+                return None
+            seq = row["seq"]
+            if row["handled"]:
+                await conn.execute(self._q["inbox_failure_delete"], seq)
+                return "duplicate"
+            message = message_from_row(row)
+            attempt = row["consume_attempts"] + 1
+            error = await self._run_handler_in_savepoint(conn, handler, message, attempt)
+            if error is None:
+                await conn.execute(self._q["inbox_failure_delete"], seq)
+                await conn.execute(self._q["inbox_set_done"], consumer, message_id, retention)
+                return "handled"
+            failure = on_failure(message, attempt, error)
+            if failure.retry_in is None:
+                await conn.execute(self._q["inbox_failure_dead"], seq, attempt, failure.reason)
+                await conn.execute(self._q["inbox_set_done"], consumer, message_id, retention)
+                await self._dead_letter_consumed(conn, message, attempt, failure.reason)
+                return "dead"
+            await conn.execute(
+                self._q["inbox_failure_retry"],
+                seq,
+                attempt,
+                float(failure.retry_in),
+                failure.reason,
+            )
+            return "retrying"
+
+    @staticmethod
+    async def _run_handler_in_savepoint(
+        conn: Conn, handler: InboxHandler, message: Message, attempt: int
+    ) -> Exception | None:
+        """Run the handler inside a savepoint; return its exception after undoing its writes.
+
+        The savepoint is released explicitly: if the handler swallowed a database error, the
+        transaction is aborted and RELEASE fails, which turns into a handler failure here.
+        Without it the final COMMIT would silently roll back (PostgreSQL answers COMMIT in an
+        aborted transaction with ROLLBACK, no error) and the message would be acknowledged
+        with no effect and no inbox row.
+        """
+        await conn.execute("SAVEPOINT outboxer_handler")
+        try:
+            await handler(message, conn, attempt)
+            await conn.execute("RELEASE SAVEPOINT outboxer_handler")
+        except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
+            await conn.execute("ROLLBACK TO SAVEPOINT outboxer_handler")
+            return exc
+        return None
+
+    async def _insert_consume_failure(
+        self, conn: Conn, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
+    ) -> None:
+        await conn.execute(
+            self._q["inbox_failure_insert"],
+            consumer,
+            message.id,
+            message.topic,
+            message.key,
+            message.type,
+            message.payload,
+            message.content_type,
+            encode_headers(message.headers),
+            message.created_at,
+            attempts,
+            float(failure.retry_in or 0.0),
+            failure.reason,
+            "dead" if failure.retry_in is None else "retrying",
+        )
+
+    async def _dead_letter_consumed(
+        self, conn: Conn, message: Message, attempts: int, reason: str
+    ) -> None:
+        await conn.execute(
+            self._q["inbox_dead_letter"],
+            message.id,
+            message.topic,
+            message.key,
+            message.type,
+            message.payload,
+            message.content_type,
+            encode_headers(message.headers),
+            message.created_at,
+            reason,
+            attempts,
+        )
+
+    async def _replay_consume_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
+        return await self._bulk("replay_consume_dead_letters", flt)
+
+    async def _sweep_inbox(self) -> None:
+        """Purge expired inbox rows in batches (bounded in time) and forget the failure rows of
+        purged consume dead letters; run by whichever instance won the sweep."""
+        purged = forgotten = 0
+        deadline = asyncio.get_running_loop().time() + _INBOX_PURGE_SECONDS
+        try:
+            while True:
+
+                async def purge(conn: Conn) -> int:
+                    status = await conn.execute(self._q["inbox_purge"], _INBOX_PURGE_BATCH)
+                    return int(status.split()[-1])
+
+                count = await self._run(purge)
+                purged += count
+                if count < _INBOX_PURGE_BATCH or asyncio.get_running_loop().time() > deadline:
+                    break
+
+            async def forget(conn: Conn) -> int:
+                status = await conn.execute(self._q["inbox_forget_dead"], _INBOX_PURGE_BATCH)
+                return int(status.split()[-1])
+
+            forgotten = await self._run(forget)
+        except StoreError as exc:
+            log.warning("inbox purge failed (the next sweep continues): %s", exc)
+        if purged or forgotten:
+            log.info(
+                "sweep purged %d expired inbox rows and %d failure rows of purged dead letters",
+                purged,
+                forgotten,
+            )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,12 +22,23 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from outboxer.config import TableNames
-from outboxer.errors import ConfigurationError, NotFound, SchemaError, StoreUnavailable
+from outboxer.errors import (
+    ConfigurationError,
+    NotFound,
+    SchemaError,
+    StoreError,
+    StoreUnavailable,
+)
+from outboxer.message import Message, encode_headers
 from outboxer.ports import (
     Claim,
+    ConsumeFailure,
+    ConsumeOutcome,
     DeadLetter,
     DeadLetterFilter,
     DeadLetterPage,
+    FailurePolicy,
+    InboxHandler,
     OutboxStats,
     RelayInfo,
     Settlement,
@@ -45,6 +57,11 @@ from outboxer.stores._common import (
 __all__ = ["SqliteStore", "path_from_url"]
 
 T = TypeVar("T")
+log = logging.getLogger("outboxer.store.sqlite")
+
+#: The sweep purges expired inbox rows this many at a time, for at most this many seconds.
+_INBOX_PURGE_BATCH = 5000
+_INBOX_PURGE_SECONDS = 10.0
 
 #: SQLite's clock in UTC epoch seconds, as the schema stores times.
 _NOW = "(julianday('now') - 2440587.5) * 86400.0"
@@ -274,7 +291,10 @@ class SqliteStore:
 
             return await self._transaction(conn, work)
 
-        return await self._run(sweep)
+        report = await self._run(sweep)
+        if report is not None:  # this instance won the sweep: the inbox part follows
+            await self._sweep_inbox()
+        return report
 
     async def last_sweep(self) -> SweepReport | None:
         async def read(conn: aiosqlite.Connection) -> SweepReport | None:
@@ -390,7 +410,8 @@ class SqliteStore:
 
             return await self._transaction(conn, work)
 
-        return await self._run(replay)
+        # Consume dead letters are re-driven to their consumer instead (see docs/inbox.md).
+        return await self._run(replay) + await self._replay_consume_dead_letters(flt)
 
     async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         params = self._filter_params(flt)
@@ -413,3 +434,260 @@ class SqliteStore:
             return rows
 
         return await self._run(run)
+
+    # -- inbox (consumers) ---------------------------------------------------------------------
+
+    async def consume(
+        self,
+        consumer: str,
+        messages: Sequence[Message],
+        handler: InboxHandler,
+        *,
+        on_failure: FailurePolicy,
+        retention_seconds: float,
+        single_transaction: bool = False,
+    ) -> list[ConsumeOutcome]:
+        """Run ``handler`` once per (consumer, message id) (see
+        :class:`~outboxer.ports.InboxStore`), each message in its own transaction with its inbox
+        row or all in one (``single_transaction``; a savepoint per message either way); the
+        handler gets the aiosqlite connection. SQLite has one writer: one message at a time."""
+        retention = float(retention_seconds)
+
+        async def run(conn: aiosqlite.Connection) -> list[ConsumeOutcome]:
+            async def one(message: Message) -> ConsumeOutcome:
+                return await self._consume_one(
+                    conn, consumer, message, handler, on_failure, retention
+                )
+
+            if single_transaction:
+
+                async def all_messages() -> list[ConsumeOutcome]:
+                    return [await one(message) for message in messages]
+
+                return await self._transaction(conn, all_messages)
+            outcomes: list[ConsumeOutcome] = []
+            for message in messages:
+
+                async def work(message: Message = message) -> ConsumeOutcome:
+                    return await one(message)
+
+                outcomes.append(await self._transaction(conn, work))
+            return outcomes
+
+        return await self._run(run)
+
+    async def _consume_one(
+        self,
+        conn: aiosqlite.Connection,
+        consumer: str,
+        message: Message,
+        handler: InboxHandler,
+        on_failure: FailurePolicy,
+        retention: float,
+    ) -> ConsumeOutcome:
+        base = {"consumer": consumer, "id": message.id}
+        blocked = False
+        if message.key is not None:
+            async with conn.execute(self._q["inbox_blocked"], {**base, "key": message.key}) as cur:
+                row = await cur.fetchone()
+            blocked = bool(row is not None and row["blocked"])
+        params = {**base, "blocked": blocked, "retention": retention}
+        cursor = await conn.execute(self._q["inbox_insert"], params)
+        if cursor.rowcount == 0:
+            return "duplicate"
+        if blocked:
+            reason = f"waiting behind an earlier failed message of key {message.key!r}"
+            await self._insert_consume_failure(
+                conn, consumer, message, 0, ConsumeFailure(reason, 0.0)
+            )
+            return "waiting"
+        error = await self._run_handler_in_savepoint(conn, handler, message, 1)
+        if error is None:
+            return "handled"
+        failure = on_failure(message, 1, error)
+        await self._insert_consume_failure(conn, consumer, message, 1, failure)
+        if failure.retry_in is None:
+            await self._dead_letter_consumed(conn, message, 1, failure.reason)
+            return "dead"
+        await conn.execute(self._q["inbox_set_retrying"], base)
+        return "retrying"
+
+    async def redrive_consume_failures(
+        self,
+        consumer: str,
+        handler: InboxHandler,
+        *,
+        on_failure: FailurePolicy,
+        retention_seconds: float,
+        limit: int,
+    ) -> list[ConsumeOutcome]:
+        """Re-drive due failed consumptions of ``consumer``, one transaction each."""
+
+        async def due(conn: aiosqlite.Connection) -> list[str]:
+            params = {"consumer": consumer, "limit": limit}
+            async with conn.execute(self._q["inbox_due"], params) as cur:
+                return [r["message_id"] for r in await cur.fetchall()]
+
+        outcomes: list[ConsumeOutcome] = []
+        for message_id in await self._run(due):
+
+            async def redrive(
+                conn: aiosqlite.Connection, message_id: str = message_id
+            ) -> ConsumeOutcome | None:
+                async def work() -> ConsumeOutcome | None:
+                    return await self._redrive_one(
+                        conn, consumer, message_id, handler, on_failure, float(retention_seconds)
+                    )
+
+                return await self._transaction(conn, work)
+
+            outcome = await self._run(redrive)
+            if outcome is not None:
+                outcomes.append(outcome)
+        attempts = sum(outcome != "duplicate" for outcome in outcomes)
+        if attempts:
+
+            async def count(conn: aiosqlite.Connection) -> None:
+                await conn.execute(self._q["inbox_count_retries"], {"count": attempts})
+
+            await self._run(count)
+        return outcomes
+
+    async def _redrive_one(
+        self,
+        conn: aiosqlite.Connection,
+        consumer: str,
+        message_id: str,
+        handler: InboxHandler,
+        on_failure: FailurePolicy,
+        retention: float,
+    ) -> ConsumeOutcome | None:
+        base = {"consumer": consumer, "id": message_id}
+        # BEGIN IMMEDIATE (the caller's transaction) already excludes every other writer.
+        async with conn.execute(self._q["inbox_failure_lock"], base) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        seq = {"seq": row["seq"]}
+        if row["handled"]:
+            await conn.execute(self._q["inbox_failure_delete"], seq)
+            return "duplicate"
+        message = message_from_row(row)
+        attempt = row["consume_attempts"] + 1
+        error = await self._run_handler_in_savepoint(conn, handler, message, attempt)
+        if error is None:
+            await conn.execute(self._q["inbox_failure_delete"], seq)
+            await conn.execute(self._q["inbox_set_done"], {**base, "retention": retention})
+            return "handled"
+        failure = on_failure(message, attempt, error)
+        update = {**seq, "attempts": attempt, "reason": failure.reason}
+        if failure.retry_in is None:
+            await conn.execute(self._q["inbox_failure_dead"], update)
+            await conn.execute(self._q["inbox_set_done"], {**base, "retention": retention})
+            await self._dead_letter_consumed(conn, message, attempt, failure.reason)
+            return "dead"
+        await conn.execute(
+            self._q["inbox_failure_retry"], {**update, "delay": float(failure.retry_in)}
+        )
+        return "retrying"
+
+    @staticmethod
+    async def _run_handler_in_savepoint(
+        conn: aiosqlite.Connection, handler: InboxHandler, message: Message, attempt: int
+    ) -> Exception | None:
+        """Run the handler inside a savepoint; return its exception after undoing its writes."""
+        await conn.execute("SAVEPOINT outboxer_handler")
+        try:
+            await handler(message, conn, attempt)
+        except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
+            await conn.execute("ROLLBACK TO outboxer_handler")
+            await conn.execute("RELEASE outboxer_handler")
+            return exc
+        await conn.execute("RELEASE outboxer_handler")
+        return None
+
+    def _message_params(self, message: Message) -> dict[str, Any]:
+        return {
+            "id": message.id,
+            "topic": message.topic,
+            "key": message.key,
+            "type": message.type,
+            "payload": message.payload,
+            "content_type": message.content_type,
+            "headers": encode_headers(message.headers),
+            "created_at": message.created_at.timestamp(),
+        }
+
+    async def _insert_consume_failure(
+        self,
+        conn: aiosqlite.Connection,
+        consumer: str,
+        message: Message,
+        attempts: int,
+        failure: ConsumeFailure,
+    ) -> None:
+        params = {
+            **self._message_params(message),
+            "consumer": consumer,
+            "attempts": attempts,
+            "delay": float(failure.retry_in or 0.0),
+            "reason": failure.reason,
+            "state": "dead" if failure.retry_in is None else "retrying",
+        }
+        await conn.execute(self._q["inbox_failure_insert"], params)
+
+    async def _dead_letter_consumed(
+        self, conn: aiosqlite.Connection, message: Message, attempts: int, reason: str
+    ) -> None:
+        params = {**self._message_params(message), "reason": reason, "attempts": attempts}
+        await conn.execute(self._q["inbox_dead_letter"], params)
+
+    async def _replay_consume_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
+        params = self._filter_params(flt)
+
+        async def replay(conn: aiosqlite.Connection) -> list[str]:
+            async def work() -> list[str]:
+                async with conn.execute(self._q["replay_consume_select"], params) as cur:
+                    ids = [r["id"] for r in await cur.fetchall()]
+                if ids:
+                    replayed = {"replayed": json.dumps(ids)}
+                    for step in ("revive", "keep", "delete"):
+                        await conn.execute(self._q[f"replay_consume_{step}"], replayed)
+                return ids
+
+            return await self._transaction(conn, work)
+
+        return await self._run(replay)
+
+    async def _sweep_inbox(self) -> None:
+        """Purge expired inbox rows in batches and forget the failure rows of purged consume
+        dead letters; each batch is its own short write transaction."""
+        purged = forgotten = 0
+        batch = {"batch": _INBOX_PURGE_BATCH}
+        deadline = asyncio.get_running_loop().time() + _INBOX_PURGE_SECONDS
+        try:
+            while True:
+
+                async def purge(conn: aiosqlite.Connection) -> int:
+                    async def work() -> int:
+                        return (await conn.execute(self._q["inbox_purge"], batch)).rowcount
+
+                    return await self._transaction(conn, work)
+
+                count = await self._run(purge)
+                purged += count
+                if count < _INBOX_PURGE_BATCH or asyncio.get_running_loop().time() > deadline:
+                    break
+
+            async def forget(conn: aiosqlite.Connection) -> int:
+                return (await conn.execute(self._q["inbox_forget_dead"], batch)).rowcount
+
+            forgotten = await self._run(forget)
+        except StoreError as exc:
+            log.warning("inbox purge failed (the next sweep continues): %s", exc)
+        if purged or forgotten:
+            log.info(
+                "sweep purged %d expired inbox rows and %d failure rows of purged dead letters",
+                purged,
+                forgotten,
+            )

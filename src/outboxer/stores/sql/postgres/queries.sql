@@ -133,7 +133,8 @@ SET started_at = now(), completed_at = clock_timestamp(), swept_by = $1,
     publish_retries = s.released_since_sweep, released_since_sweep = 0,
     publish_failures = (SELECT count(*) FROM {dead_letters} d, previous p
                         WHERE d.direction = 'publish' AND d.dead_lettered_at >= p.since),
-    consume_retries = 0,
+    -- re-drives of failed consumptions counted by the consumers since the last sweep
+    consume_retries = s.consume_retried_since_sweep, consume_retried_since_sweep = 0,
     consume_failures = (SELECT count(*) FROM {dead_letters} d, previous p
                         WHERE d.direction = 'consume' AND d.dead_lettered_at >= p.since),
     purged = (SELECT count(*) FROM purged)
@@ -189,14 +190,16 @@ ORDER BY dl_seq DESC
 LIMIT $6
 
 -- name: replay_dead_letters
--- Back to the outbox with the same id (consumers can still dedupe) and attempts reset.
+-- Back to the outbox with the same id (consumers can still dedupe) and attempts reset. A dead
+-- letter whose id is in the outbox again (written anew by the application) stays put.
 WITH moved AS (
-    DELETE FROM {dead_letters}
+    DELETE FROM {dead_letters} d
     WHERE ($1::text IS NULL OR topic = $1)
       AND ($2::text IS NULL OR type = $2)
       AND ($3::text IS NULL OR key = $3)
       AND ($4::text[] IS NULL OR id = ANY($4))
       AND direction = 'publish'
+      AND NOT EXISTS (SELECT 1 FROM {outbox} o WHERE o.id = d.id)
     RETURNING *
 )
 INSERT INTO {outbox} (id, topic, key, type, payload, content_type, headers, created_at)
@@ -211,3 +214,158 @@ WHERE ($1::text IS NULL OR topic = $1)
   AND ($3::text IS NULL OR key = $3)
   AND ($4::text[] IS NULL OR id = ANY($4))
 RETURNING id
+
+-- ---------------------------------------------------------------------------------------------
+-- Inbox (consumers). See docs/inbox.md and 0003_inbox.sql.
+
+-- name: inbox_receive
+-- The first statement of a delivery's transaction. Records (consumer, id) unless it is there
+-- already (then the delivery is a duplicate), and says whether an earlier message of the same
+-- key is still failing for this consumer (then this one waits behind it: its inbox row gets no
+-- expiry, like any message that has a failure row). A concurrent transaction inserting the same
+-- pair makes this one wait for its outcome: duplicates never run side by side.
+WITH blocked AS (
+    SELECT $3::text IS NOT NULL AND EXISTS (
+        SELECT 1 FROM {inbox_failures} f
+        WHERE f.consumer = $1 AND f.key = $3 AND f.state = 'retrying') AS blocked
+), inserted AS (
+    INSERT INTO {inbox} (consumer, message_id, expires_at)
+    SELECT $1, $2, CASE WHEN b.blocked THEN NULL ELSE now() + make_interval(secs => $4) END
+    FROM blocked b
+    ON CONFLICT (consumer, message_id) DO NOTHING
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM inserted) AS fresh, (SELECT blocked FROM blocked) AS blocked
+
+-- name: inbox_failure_insert
+-- A failed first delivery ('retrying' after $10 attempts, or 'dead'), or a message waiting
+-- behind its key (attempts 0, due at once: it runs as soon as it is the key's earliest).
+INSERT INTO {inbox_failures} (consumer, message_id, topic, key, type, payload, content_type,
+                              headers, created_at, attempts, next_attempt_at, last_error, state)
+VALUES ($1, $2, $3, $4, $5, $6, $7, CAST($8 AS jsonb), $9, $10,
+        now() + make_interval(secs => $11), $12, $13)
+ON CONFLICT (consumer, message_id) DO NOTHING
+
+-- name: inbox_set_retrying
+-- The message now has a failure row: keep its inbox row until it is handled or given up.
+UPDATE {inbox} SET expires_at = NULL WHERE consumer = $1 AND message_id = $2
+
+-- name: inbox_insert_again
+-- After a rollback to the message's savepoint (one transaction for a whole batch): the inbox
+-- row again, expiring after $3 seconds, or never (NULL) while a retry is pending. Nothing when
+-- the row exists: another instance has handled the message meanwhile.
+INSERT INTO {inbox} (consumer, message_id, expires_at)
+VALUES ($1, $2, now() + make_interval(secs => $3::float8))
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING true
+
+-- name: inbox_set_done
+-- Handled or given up: the row stays for the retention window, then the sweep purges it.
+INSERT INTO {inbox} (consumer, message_id, expires_at)
+VALUES ($1, $2, now() + make_interval(secs => $3))
+ON CONFLICT (consumer, message_id) DO UPDATE SET expires_at = EXCLUDED.expires_at
+
+-- name: inbox_dead_letter
+-- A consumption that failed for good, in the dead-letter table every operator tool reads. The
+-- dead letter's id is the message id; when a second consumer gives up on the same message the
+-- existing consume dead letter is updated (its failure rows in {inbox_failures} say which
+-- consumers gave up, and replay re-drives it to each of them).
+INSERT INTO {dead_letters} (id, topic, key, type, payload, content_type, headers, created_at,
+                            failure_reason, attempts, direction)
+VALUES ($1, $2, $3, $4, $5, $6, CAST($7 AS jsonb), $8, $9, $10, 'consume')
+ON CONFLICT (id) DO UPDATE
+    SET failure_reason = EXCLUDED.failure_reason, dead_lettered_at = now(),
+        attempts = GREATEST({dead_letters}.attempts, EXCLUDED.attempts)
+    WHERE {dead_letters}.direction = 'consume'
+
+-- name: inbox_due
+-- Due failures of one consumer, soonest first; of each key only its earliest failure (the
+-- others wait behind it, in arrival order).
+SELECT f.message_id FROM {inbox_failures} f
+WHERE f.consumer = $1 AND f.state = 'retrying' AND f.next_attempt_at <= now()
+  AND (f.key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {inbox_failures} h
+        WHERE h.consumer = f.consumer AND h.key = f.key AND h.state = 'retrying'
+          AND h.seq < f.seq))
+ORDER BY f.next_attempt_at, f.seq
+LIMIT $2
+
+-- name: inbox_failure_lock
+-- Take one due failure for a re-drive, in the re-drive's transaction. SKIP LOCKED: another
+-- instance of the same consumer re-driving it right now keeps it. "handled" is true when the
+-- inbox row says the message was processed meanwhile (a replayed dead letter whose message the
+-- broker had delivered again after the inbox row expired).
+SELECT f.seq, f.message_id AS id, f.topic, f.key, f.type, f.payload, f.content_type,
+       f.headers::text AS headers, f.created_at, f.created_at AS available_at,
+       0 AS attempts, f.attempts AS consume_attempts,
+       EXISTS (SELECT 1 FROM {inbox} i
+               WHERE i.consumer = f.consumer AND i.message_id = f.message_id
+                 AND i.expires_at IS NOT NULL) AS handled
+FROM {inbox_failures} f
+WHERE f.consumer = $1 AND f.message_id = $2 AND f.state = 'retrying'
+  AND f.next_attempt_at <= now()
+FOR UPDATE OF f SKIP LOCKED
+
+-- name: inbox_failure_delete
+DELETE FROM {inbox_failures} WHERE seq = $1
+
+-- name: inbox_failure_retry
+UPDATE {inbox_failures}
+SET attempts = $2, next_attempt_at = now() + make_interval(secs => $3), last_error = $4
+WHERE seq = $1
+
+-- name: inbox_failure_dead
+UPDATE {inbox_failures}
+SET attempts = $2, last_error = $3, state = 'dead', next_attempt_at = now()
+WHERE seq = $1
+
+-- name: inbox_count_retries
+UPDATE {sweeps} SET consume_retried_since_sweep = consume_retried_since_sweep + $1
+WHERE name = 'default'
+
+-- name: replay_consume_dead_letters
+-- Replaying a consume dead letter re-drives the message to the consumer(s) that gave up on it
+-- (their failure rows become due again with attempts reset); it is not published again, so
+-- other consumers of the topic see nothing. The dead letter leaves the table.
+WITH moved AS (
+    DELETE FROM {dead_letters}
+    WHERE ($1::text IS NULL OR topic = $1)
+      AND ($2::text IS NULL OR type = $2)
+      AND ($3::text IS NULL OR key = $3)
+      AND ($4::text[] IS NULL OR id = ANY($4))
+      AND direction = 'consume'
+    RETURNING id, dl_seq
+), revived AS (
+    UPDATE {inbox_failures} f
+    SET state = 'retrying', attempts = 0, next_attempt_at = now(),
+        last_error = 'replayed: ' || COALESCE(f.last_error, '')
+    FROM moved m
+    WHERE f.message_id = m.id AND f.state = 'dead'
+    RETURNING f.consumer, f.message_id
+), kept AS (
+    -- no expiry while it waits again (see inbox_set_retrying)
+    UPDATE {inbox} i SET expires_at = NULL
+    FROM revived r
+    WHERE i.consumer = r.consumer AND i.message_id = r.message_id
+)
+SELECT id FROM moved ORDER BY dl_seq
+
+-- name: inbox_purge
+-- Inbox rows past their retention, a batch at a time (the sweep repeats it).
+DELETE FROM {inbox}
+WHERE (consumer, message_id) IN (
+    SELECT consumer, message_id FROM {inbox}
+    WHERE expires_at < now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED)
+  AND expires_at < now()
+
+-- name: inbox_forget_dead
+-- Failure rows of consume dead letters that were purged (by an operator or the retention):
+-- nothing can replay them any more.
+DELETE FROM {inbox_failures} WHERE seq IN (
+    SELECT f.seq FROM {inbox_failures} f
+    WHERE f.state = 'dead' AND NOT EXISTS (
+        SELECT 1 FROM {dead_letters} d WHERE d.id = f.message_id AND d.direction = 'consume')
+    LIMIT $1)

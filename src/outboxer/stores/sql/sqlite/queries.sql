@@ -98,7 +98,7 @@ SET publish_retries = released_since_sweep, released_since_sweep = 0,
     publish_failures = (SELECT count(*) FROM {dead_letters} d
                         WHERE d.direction = 'publish'
                           AND d.dead_lettered_at >= COALESCE({sweeps}.started_at, 0)),
-    consume_retries = 0,
+    consume_retries = consume_retried_since_sweep, consume_retried_since_sweep = 0,
     consume_failures = (SELECT count(*) FROM {dead_letters} d
                         WHERE d.direction = 'consume'
                           AND d.dead_lettered_at >= COALESCE({sweeps}.started_at, 0)),
@@ -156,7 +156,8 @@ LIMIT :limit
 -- name: replay_copy
 INSERT INTO {outbox} (id, topic, key, type, payload, content_type, headers, created_at)
 SELECT id, topic, key, type, payload, content_type, headers, created_at
-FROM {dead_letters} WHERE {where} AND direction = 'publish'
+FROM {dead_letters} d WHERE {where} AND direction = 'publish'
+  AND NOT EXISTS (SELECT 1 FROM {outbox} o WHERE o.id = d.id)
 ORDER BY dl_seq
 RETURNING id
 
@@ -166,3 +167,123 @@ DELETE FROM {dead_letters} WHERE id IN (SELECT value FROM json_each(:replayed))
 -- name: purge_dead_letters
 DELETE FROM {dead_letters} WHERE {where}
 RETURNING id
+
+-- ---------------------------------------------------------------------------------------------
+-- Inbox (consumers). See the PostgreSQL queries of the same names and docs/inbox.md. SQLite
+-- has no data-modifying CTEs: the store runs these one after the other in one BEGIN IMMEDIATE
+-- transaction (one writer at a time, so no SKIP LOCKED is needed either).
+
+-- name: inbox_blocked
+SELECT EXISTS (
+    SELECT 1 FROM {inbox_failures}
+    WHERE consumer = :consumer AND key = :key AND state = 'retrying') AS blocked
+
+-- name: inbox_insert
+INSERT INTO {inbox} (consumer, message_id, expires_at)
+VALUES (:consumer, :id,
+        CASE WHEN :blocked THEN NULL
+             ELSE (julianday('now') - 2440587.5) * 86400.0 + :retention END)
+ON CONFLICT (consumer, message_id) DO NOTHING
+
+-- name: inbox_failure_insert
+INSERT INTO {inbox_failures} (consumer, message_id, topic, key, type, payload, content_type,
+                              headers, created_at, attempts, next_attempt_at, last_error, state)
+VALUES (:consumer, :id, :topic, :key, :type, :payload, :content_type, :headers, :created_at,
+        :attempts, (julianday('now') - 2440587.5) * 86400.0 + :delay, :reason, :state)
+ON CONFLICT (consumer, message_id) DO NOTHING
+
+-- name: inbox_set_retrying
+UPDATE {inbox} SET expires_at = NULL WHERE consumer = :consumer AND message_id = :id
+
+-- name: inbox_set_done
+INSERT INTO {inbox} (consumer, message_id, expires_at)
+VALUES (:consumer, :id, (julianday('now') - 2440587.5) * 86400.0 + :retention)
+ON CONFLICT (consumer, message_id) DO UPDATE SET expires_at = excluded.expires_at
+
+-- name: inbox_dead_letter
+INSERT INTO {dead_letters} (id, topic, key, type, payload, content_type, headers, created_at,
+                            failure_reason, attempts, direction)
+VALUES (:id, :topic, :key, :type, :payload, :content_type, :headers, :created_at, :reason,
+        :attempts, 'consume')
+ON CONFLICT (id) DO UPDATE
+    SET failure_reason = excluded.failure_reason,
+        dead_lettered_at = (julianday('now') - 2440587.5) * 86400.0,
+        attempts = max(attempts, excluded.attempts)
+    WHERE direction = 'consume'
+
+-- name: inbox_due
+SELECT f.message_id FROM {inbox_failures} f
+WHERE f.consumer = :consumer AND f.state = 'retrying'
+  AND f.next_attempt_at <= (julianday('now') - 2440587.5) * 86400.0
+  AND (f.key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {inbox_failures} h
+        WHERE h.consumer = f.consumer AND h.key = f.key AND h.state = 'retrying'
+          AND h.seq < f.seq))
+ORDER BY f.next_attempt_at, f.seq
+LIMIT :limit
+
+-- name: inbox_failure_lock
+SELECT f.seq, f.message_id AS id, f.topic, f.key, f.type, f.payload, f.content_type,
+       f.headers, f.created_at, f.created_at AS available_at,
+       0 AS attempts, f.attempts AS consume_attempts,
+       EXISTS (SELECT 1 FROM {inbox} i
+               WHERE i.consumer = f.consumer AND i.message_id = f.message_id
+                 AND i.expires_at IS NOT NULL) AS handled
+FROM {inbox_failures} f
+WHERE f.consumer = :consumer AND f.message_id = :id AND f.state = 'retrying'
+  AND f.next_attempt_at <= (julianday('now') - 2440587.5) * 86400.0
+
+-- name: inbox_failure_delete
+DELETE FROM {inbox_failures} WHERE seq = :seq
+
+-- name: inbox_failure_retry
+UPDATE {inbox_failures}
+SET attempts = :attempts, last_error = :reason,
+    next_attempt_at = (julianday('now') - 2440587.5) * 86400.0 + :delay
+WHERE seq = :seq
+
+-- name: inbox_failure_dead
+UPDATE {inbox_failures}
+SET attempts = :attempts, last_error = :reason, state = 'dead',
+    next_attempt_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE seq = :seq
+
+-- name: inbox_count_retries
+UPDATE {sweeps} SET consume_retried_since_sweep = consume_retried_since_sweep + :count
+WHERE name = 'default'
+
+-- name: replay_consume_select
+SELECT id FROM {dead_letters} WHERE {where} AND direction = 'consume' ORDER BY dl_seq
+
+-- name: replay_consume_revive
+UPDATE {inbox_failures}
+SET state = 'retrying', attempts = 0,
+    next_attempt_at = (julianday('now') - 2440587.5) * 86400.0,
+    last_error = 'replayed: ' || COALESCE(last_error, '')
+WHERE state = 'dead' AND message_id IN (SELECT value FROM json_each(:replayed))
+
+-- name: replay_consume_keep
+UPDATE {inbox} SET expires_at = NULL
+WHERE EXISTS (SELECT 1 FROM {inbox_failures} f
+              WHERE f.consumer = {inbox}.consumer AND f.message_id = {inbox}.message_id
+                AND f.state = 'retrying'
+                AND f.message_id IN (SELECT value FROM json_each(:replayed)))
+
+-- name: replay_consume_delete
+DELETE FROM {dead_letters}
+WHERE direction = 'consume' AND id IN (SELECT value FROM json_each(:replayed))
+
+-- name: inbox_purge
+DELETE FROM {inbox}
+WHERE (consumer, message_id) IN (
+    SELECT consumer, message_id FROM {inbox}
+    WHERE expires_at < (julianday('now') - 2440587.5) * 86400.0
+    ORDER BY expires_at
+    LIMIT :batch)
+
+-- name: inbox_forget_dead
+DELETE FROM {inbox_failures} WHERE seq IN (
+    SELECT f.seq FROM {inbox_failures} f
+    WHERE f.state = 'dead' AND NOT EXISTS (
+        SELECT 1 FROM {dead_letters} d WHERE d.id = f.message_id AND d.direction = 'consume')
+    LIMIT :batch)

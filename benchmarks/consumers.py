@@ -1,0 +1,283 @@
+"""Consumer throughput with the inbox versus without, per broker.
+
+For every broker, in one run and on the same messages (``COUNT`` messages of ~120 bytes, 1,000
+keys, published beforehand through outboxer's publisher of that broker):
+
+- **without inbox**: the broker consumer adapter hands each batch straight to the handler
+  (decoded through the registry, no database): the adapter's and the broker's ceiling;
+- **with inbox**: the same adapter feeding an :class:`~outboxer.inbox.Inbox` on PostgreSQL
+  (synchronous commit), ``concurrency`` chunks of a batch (different keys) at once,
+  acknowledgement after commit; once with the default one transaction per message (inbox
+  row + savepoint around the handler: five round trips), once with ``batch_transactions``
+  (one transaction per chunk: two round trips per message).
+
+The handler does nothing, so the figures show what the inbox costs, not what a handler costs.
+Timed from the first delivered batch to the last stored one (group joins and connects are not
+counted). Reported: msg/s each way and with / without.
+
+Measured on the 2-core development VM (PostgreSQL, brokers and the consumer on the same
+machine): a PostgreSQL round trip costs ~85 us there, so the per-message transaction (five round
+trips) is bounded by the database latency, not by the brokers.
+
+Run: ``.venv/bin/python -m benchmarks.consumers [kafka rabbitmq nats redis]``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+from benchmarks.common import PAYLOAD, PG_URL, fresh_schema, save
+from outboxer.config import TableNames
+from outboxer.consumers import consumer_from_url
+from outboxer.inbox import HandlerContext, HandlerRegistry, Inbox, InboxSettings
+from outboxer.message import Message
+from outboxer.outbox import Outbox
+from outboxer.publishers import publisher_from_url
+from outboxer.stores.postgres import PostgresStore
+
+COUNT = 10_000
+KEYS = 1_000
+BATCH = 100
+CONCURRENCY = 8
+ROUNDS = 2  # best of
+
+registry = HandlerRegistry()
+
+
+@registry.handler("OrderCreated")
+async def on_order(order: dict[str, Any], ctx: HandlerContext) -> None:
+    return None
+
+
+def messages(topic: str) -> list[Message]:
+    outbox = Outbox()
+    result = []
+    for n in range(COUNT):
+        row = outbox.row(topic, {**PAYLOAD, "order_id": n}, key=str(n % KEYS), type="OrderCreated")
+        result.append(
+            Message(id=row.id, topic=topic, payload=row.payload, key=row.key, type=row.type)
+        )
+    return result
+
+
+class Broker:
+    """How to get a fresh topic with COUNT messages that a new consumer name will read."""
+
+    def __init__(self, url: str, publish_url: str) -> None:
+        self.url = url
+        self.publish_url = publish_url
+
+    async def prepare(self, topic: str, name: str) -> None:
+        return None
+
+    async def cleanup(self, topic: str, name: str) -> None:
+        return None
+
+
+class Kafka(Broker):
+    async def prepare(self, topic: str, name: str) -> None:
+        from tests.tansu import create_topic
+
+        bootstrap = self.publish_url.removeprefix("kafka://")
+        await asyncio.to_thread(create_topic, bootstrap, topic, 3)
+
+
+class RabbitMQ(Broker):
+    async def prepare(self, topic: str, name: str) -> None:
+        async with consumer_from_url(self.url, name=name, topics=[topic]):
+            pass  # declares and binds the queue before anything is published
+
+    async def cleanup(self, topic: str, name: str) -> None:
+        import pika
+
+        def delete() -> None:
+            url = self.publish_url.partition("?")[0]
+            connection = pika.BlockingConnection(pika.URLParameters(url))
+            try:
+                connection.channel().queue_delete(name)
+            finally:
+                connection.close()
+
+        await asyncio.to_thread(delete)
+
+
+class Nats(Broker):
+    async def prepare(self, topic: str, name: str) -> None:
+        import nats
+
+        client = await nats.connect(self.publish_url)
+        try:
+            await client.jetstream().add_stream(name=f"BENCH_{name}", subjects=[topic])
+        finally:
+            await client.close()
+
+    async def cleanup(self, topic: str, name: str) -> None:
+        import nats
+
+        client = await nats.connect(self.publish_url)
+        try:
+            await client.jetstream().delete_stream(f"BENCH_{name}")
+        finally:
+            await client.close()
+
+
+class Redis(Broker):
+    async def cleanup(self, topic: str, name: str) -> None:
+        from redis.asyncio import Redis as Client
+
+        client = Client.from_url(self.publish_url)
+        try:
+            await client.delete(topic)
+        finally:
+            await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def brokers(names: Sequence[str]) -> AsyncIterator[dict[str, Broker]]:
+    found: dict[str, Broker] = {}
+    tansu = None
+    if "kafka" in names:
+        from tests.tansu import TansuBroker
+
+        tansu = await asyncio.to_thread(TansuBroker().start)
+        found["kafka"] = Kafka(f"kafka://{tansu.bootstrap}", f"kafka://{tansu.bootstrap}")
+    exchange = f"bench_{uuid.uuid4().hex[:8]}"
+    amqp = "amqp://guest:guest@127.0.0.1:5672/"
+    if "rabbitmq" in names:
+        found["rabbitmq"] = RabbitMQ(f"{amqp}?exchange={exchange}", f"{amqp}?exchange={exchange}")
+    if "nats" in names:
+        found["nats"] = Nats("nats://127.0.0.1:4222", "nats://127.0.0.1:4222")
+    if "redis" in names:
+        found["redis"] = Redis("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0")
+    try:
+        yield found
+    finally:
+        if tansu is not None:
+            tansu.stop()
+
+
+async def publish(broker: Broker, batch: list[Message]) -> None:
+    async with publisher_from_url(broker.publish_url) as publisher:
+        for start in range(0, len(batch), 500):
+            chunk = batch[start : start + 500]
+            results = await publisher.publish(chunk)
+            if any(r is not None for r in results):
+                raise RuntimeError(f"publishing failed: {next(r for r in results if r)}")
+
+
+async def timed_consume(
+    broker: Broker, topic: str, name: str, deliver: Callable[[Sequence[Message]], Awaitable[Any]]
+) -> float:
+    """msg/s from the first delivered batch until COUNT messages went through ``deliver``."""
+    stop = asyncio.Event()
+    seen = 0
+    first = 0.0
+    last = 0.0
+
+    async def counting(batch: Sequence[Message]) -> None:
+        nonlocal seen, first, last
+        if not first:
+            first = time.perf_counter()
+        await deliver(batch)
+        seen += len(batch)
+        last = time.perf_counter()
+        if seen >= COUNT:
+            stop.set()
+
+    adapter = consumer_from_url(broker.url, name=name, topics=[topic], batch_size=BATCH)
+    async with adapter:
+        runner = asyncio.create_task(adapter.run(counting, stop))
+        try:
+            await asyncio.wait_for(stop.wait(), 300)
+        finally:
+            stop.set()
+            await asyncio.wait_for(runner, 30)
+    if seen < COUNT:
+        raise RuntimeError(f"consumed {seen} of {COUNT}")
+    return seen / (last - first)
+
+
+async def without_inbox(batch: Sequence[Message]) -> None:
+    for message in batch:
+        context = HandlerContext(message)
+        for handler in registry.handlers_for(message):
+            await registry.call(handler, message, context)
+
+
+MODES = ("without", "per_message", "per_batch")
+
+
+async def one_round(broker: Broker, inbox_store: PostgresStore) -> dict[str, float]:
+    rates = {}
+    for mode in MODES:
+        name = f"bench_{uuid.uuid4().hex[:10]}"
+        topic = f"bench-{uuid.uuid4().hex[:10]}"
+        await broker.prepare(topic, name)
+        await publish(broker, messages(topic))
+        try:
+            if mode == "without":
+                rates[mode] = await timed_consume(broker, topic, name, without_inbox)
+            else:
+                settings = InboxSettings(
+                    consumer=name,
+                    concurrency=CONCURRENCY,
+                    batch_transactions=mode == "per_batch",
+                    sweep_interval=0,
+                )
+                inbox = Inbox(inbox_store, registry, settings)
+                rates[mode] = await timed_consume(broker, topic, name, inbox.receive_batch)
+        finally:
+            await broker.cleanup(topic, name)
+    return rates
+
+
+async def main(names: list[str]) -> list[dict[str, Any]]:
+    logging.basicConfig(level=logging.WARNING)
+    rows = []
+    async with (
+        fresh_schema(f"bench_consumers_{uuid.uuid4().hex[:6]}") as schema,
+        brokers(names) as found,
+    ):
+        async with PostgresStore(
+            PG_URL, TableNames(schema=schema), max_connections=CONCURRENCY + 2
+        ) as store:
+            await store.migrate()
+            for name, broker in found.items():
+                best = dict.fromkeys(MODES, 0.0)
+                for _ in range(ROUNDS):
+                    rates = await one_round(broker, store)
+                    best = {mode: max(best[mode], rates[mode]) for mode in MODES}
+                row = {
+                    "broker": name,
+                    "without_inbox": round(best["without"]),
+                    "inbox_per_message": round(best["per_message"]),
+                    "inbox_per_batch": round(best["per_batch"]),
+                    "per_message_over_without": round(best["per_message"] / best["without"], 2),
+                    "per_batch_over_without": round(best["per_batch"] / best["without"], 2),
+                }
+                print(row, flush=True)
+                rows.append(row)
+    save(
+        "consumers",
+        {
+            "count": COUNT,
+            "keys": KEYS,
+            "batch_size": BATCH,
+            "concurrency": CONCURRENCY,
+            "rounds": ROUNDS,
+            "store": "PostgreSQL (asyncpg), synchronous commit",
+            "rows": rows,
+        },
+    )
+    return rows
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1:] or ["kafka", "rabbitmq", "nats", "redis"]))

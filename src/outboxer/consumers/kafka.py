@@ -1,0 +1,317 @@
+"""Kafka consumer: a confluent-kafka consumer group whose offsets follow the inbox commits.
+
+The group id is the consumer name. Offsets are committed by hand (``enable.auto.commit`` off),
+synchronously and only after the inbox transaction of every record of the batch committed: a
+crash before that makes the group deliver those records again (to this or another member), and
+the inbox turns the ones already handled into duplicates. librdkafka's ``consume`` blocks, so
+every call on the client runs in one dedicated worker thread (the client is not meant to be used
+from two threads at once); the event loop is never blocked.
+
+Records are decoded from the publisher's wire format (CloudEvents binary headers, see
+``outboxer.publishers.kafka``) by :func:`outboxer.inbox.wire.from_kafka`.
+
+URL: the publisher's ``kafka://`` URL (brokers, SASL, TLS, ``client_id``) plus these consumer
+options, all optional:
+
+=========================  ==========  =================================================
+option                     default     meaning
+=========================  ==========  =================================================
+``session_timeout_ms``     ``6000``    a member that stops heartbeating leaves the group
+                                       after this long and its partitions move on
+``heartbeat_interval_ms``  ``500``     heartbeat period (well under the session timeout)
+``max_poll_interval_ms``   ``300000``  longest time one batch may take before the member
+                                       is considered stuck and its partitions move on
+``auto_offset_reset``      ``earliest``  where a new group starts: ``earliest`` (nothing
+                                       published before the first start is missed) or
+                                       ``latest``
+=========================  ==========  =================================================
+
+The short session timeout makes a crashed member's partitions move on within seconds (it is
+also what Tansu, the Kafka-protocol broker the tests use, needs for a quick first join); it is
+within Kafka's default ``group.min.session.timeout.ms`` (6 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from outboxer.consumers import split_options
+from outboxer.errors import ConfigurationError
+from outboxer.inbox.consumer import Deliver
+from outboxer.inbox.inbox import ConsumerStopping, validate_consumer_name
+from outboxer.inbox.wire import from_kafka
+from outboxer.message import Message
+from outboxer.publishers.kafka import KafkaSettings
+
+__all__ = ["KafkaConsumer", "KafkaConsumerSettings"]
+
+log = logging.getLogger("outboxer.consumer.kafka")
+client_log = logging.getLogger("outboxer.consumer.kafka.librdkafka")
+
+T = TypeVar("T")
+
+_OPTIONS = (
+    "session_timeout_ms",
+    "heartbeat_interval_ms",
+    "max_poll_interval_ms",
+    "auto_offset_reset",
+)
+# librdkafka's local error codes start with "_" (getattr: no private-member access).
+_PARTITION_EOF: int = getattr(KafkaError, "_PARTITION_EOF")  # noqa: B009
+_MISSING_TOPIC = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, getattr(KafkaError, "_UNKNOWN_TOPIC")}  # noqa: B009
+)
+#: How long one ``consume`` call may block: the longest delay before a stop is noticed.
+_POLL_SECONDS = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaConsumerSettings:
+    """A consumer group member: connection settings plus group tuning.
+
+    Attributes:
+        connection: Brokers, client id and security, parsed like the publisher's URL.
+        group: The consumer group id (the consumer name).
+        topics: Topics to subscribe to (a name starting with ``^`` is a regular expression).
+        batch_size: Records fetched per ``consume`` call and committed together.
+        session_timeout_ms: See the module docstring.
+        heartbeat_interval_ms: See the module docstring.
+        max_poll_interval_ms: See the module docstring.
+        auto_offset_reset: ``earliest`` or ``latest``.
+    """
+
+    connection: KafkaSettings
+    group: str
+    topics: tuple[str, ...]
+    batch_size: int = 100
+    session_timeout_ms: int = 6000
+    heartbeat_interval_ms: int = 500
+    max_poll_interval_ms: int = 300_000
+    auto_offset_reset: str = "earliest"
+
+    def __post_init__(self) -> None:
+        validate_consumer_name(self.group)
+        if not self.topics:
+            raise ConfigurationError("kafka consumer: at least one topic is required")
+        if self.auto_offset_reset not in ("earliest", "latest"):
+            raise ConfigurationError(
+                f"kafka URL: auto_offset_reset={self.auto_offset_reset!r}: use earliest or latest"
+            )
+        if not 0 < self.heartbeat_interval_ms < self.session_timeout_ms:
+            raise ConfigurationError(
+                "kafka URL: heartbeat_interval_ms must be positive and below session_timeout_ms"
+            )
+        if self.max_poll_interval_ms < self.session_timeout_ms:
+            raise ConfigurationError(
+                "kafka URL: max_poll_interval_ms must be at least session_timeout_ms"
+            )
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
+    ) -> KafkaConsumerSettings:
+        rest, options = split_options(url, _OPTIONS)
+        numbers: dict[str, int] = {}
+        for option in ("session_timeout_ms", "heartbeat_interval_ms", "max_poll_interval_ms"):
+            if option in options:
+                try:
+                    numbers[option] = int(options[option])
+                except ValueError:
+                    raise ConfigurationError(
+                        f"kafka URL: {option}={options[option]!r} is not a whole number"
+                    ) from None
+        return cls(
+            connection=KafkaSettings.from_url(rest),
+            group=name,
+            topics=tuple(topics),
+            batch_size=batch_size,
+            auto_offset_reset=options.get("auto_offset_reset", "earliest"),
+            **numbers,
+        )
+
+    def consumer_config(self) -> dict[str, Any]:
+        """The librdkafka consumer properties (without the callbacks)."""
+        connection = self.connection
+        config: dict[str, Any] = {
+            "bootstrap.servers": connection.bootstrap_servers,
+            "client.id": connection.client_id,
+            "group.id": self.group,
+            # Offsets are committed by the adapter after the inbox committed, never in the
+            # background: an auto-commit could run ahead of a transaction that then fails.
+            "enable.auto.commit": False,
+            "auto.offset.reset": self.auto_offset_reset,
+            "session.timeout.ms": self.session_timeout_ms,
+            "heartbeat.interval.ms": self.heartbeat_interval_ms,
+            "max.poll.interval.ms": self.max_poll_interval_ms,
+            "log.connection.close": False,
+        }
+        optional = {
+            "security.protocol": connection.security_protocol,
+            "sasl.mechanism": connection.sasl_mechanism,
+            "sasl.username": connection.sasl_username,
+            "sasl.password": connection.sasl_password,
+            "ssl.ca.location": connection.ssl_ca_location,
+        }
+        config.update({k: v for k, v in optional.items() if v is not None})
+        return config
+
+
+class KafkaConsumer:
+    """Reads a consumer group's records in batches and commits their offsets after delivery.
+
+    ``async with`` creates the client and subscribes (joining the group happens in the
+    background); leaving closes the client, which leaves the group at once so the partitions
+    move to the other members without waiting for the session timeout.
+    """
+
+    def __init__(self, settings: KafkaConsumerSettings) -> None:
+        self.settings = settings
+        self._client: Consumer | None = None
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._missing_topics: set[str] = set()
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
+    ) -> KafkaConsumer:
+        return cls(
+            KafkaConsumerSettings.from_url(url, name=name, topics=topics, batch_size=batch_size)
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"KafkaConsumer({self.settings.connection.safe_url()}, group={self.settings.group!r})"
+        )
+
+    async def _call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        assert self._thread is not None
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._thread, functools.partial(function, *args, **kwargs)
+        )
+
+    async def __aenter__(self) -> KafkaConsumer:
+        config = self.settings.consumer_config()
+        config["error_cb"] = self._on_error
+        config["logger"] = client_log
+        try:
+            client = Consumer(config)
+        except (KafkaException, ValueError, TypeError) as exc:
+            raise ConfigurationError(f"kafka consumer settings refused: {exc}") from None
+        self._client = client
+        self._thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="outboxer-kafka-consumer"
+        )
+        await self._call(
+            client.subscribe,
+            list(self.settings.topics),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+        )
+        log.info(
+            "consumer group %r subscribed to %s on %s",
+            self.settings.group,
+            ", ".join(self.settings.topics),
+            self.settings.connection.safe_url(),
+        )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                await self._call(client.close)  # leaves the group: a quick rebalance
+            except (KafkaException, RuntimeError) as exc:
+                log.warning("closing the Kafka consumer failed: %s", exc)
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+
+    # -- librdkafka callbacks (worker thread) ---------------------------------------------------
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            log.error("Kafka consumer failed for good: %s", error)
+        else:
+            log.warning("Kafka consumer: %s", error)
+
+    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        log.info("assigned %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions))
+
+    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        # Nothing is in progress here: batches are delivered and committed between polls.
+        log.info("revoked %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions))
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def run(self, deliver: Deliver, stop: asyncio.Event) -> None:
+        client = self._client
+        if client is None:
+            raise RuntimeError("KafkaConsumer is not open (use 'async with')")
+        while not stop.is_set():
+            records = await self._call(client.consume, self.settings.batch_size, _POLL_SECONDS)
+            messages: list[Message] = []
+            offsets: dict[tuple[str, int], int] = {}
+            for record in records:
+                error = record.error()
+                if error is not None:
+                    self._report(error, record.topic())
+                    continue
+                topic, partition, offset = record.topic(), record.partition(), record.offset()
+                if topic is None or partition is None or offset is None:
+                    continue
+                messages.append(
+                    from_kafka(
+                        topic=topic,
+                        partition=partition,
+                        offset=offset,
+                        key=record.key(),
+                        value=record.value(),
+                        headers=_header_list(record.headers()),
+                        timestamp_ms=record.timestamp()[1],
+                    )
+                )
+                offsets[(topic, partition)] = max(offset, offsets.get((topic, partition), -1))
+            if not messages:
+                continue
+            try:
+                await deliver(messages)
+            except ConsumerStopping:
+                return  # not committed: the group delivers the batch again
+            await self._commit(client, offsets)
+
+    async def _commit(self, client: Consumer, offsets: dict[tuple[str, int], int]) -> None:
+        # The committed offset is the next record to read: last handled + 1.
+        positions = [TopicPartition(t, p, o + 1) for (t, p), o in offsets.items()]
+        try:
+            await self._call(client.commit, offsets=positions, asynchronous=False)
+        except KafkaException as exc:
+            # A rebalance took the partitions away meanwhile: their new owner reads the batch
+            # again and the inbox drops what was handled here.
+            log.warning("offsets not committed (%s): the records will be delivered again", exc)
+
+    def _report(self, error: KafkaError, topic: str | None) -> None:
+        if error.code() == _PARTITION_EOF:
+            return
+        if error.code() in _MISSING_TOPIC:
+            if topic not in self._missing_topics:
+                self._missing_topics.add(topic or "")
+                log.warning("Kafka topic %r does not exist (yet): %s", topic, error.str())
+            return
+        log.warning("Kafka consumer error on %r: %s", topic, error)
+
+
+def _header_list(
+    headers: dict[str, str | bytes | None] | list[tuple[str, str | bytes | None]] | None,
+) -> list[tuple[str, str | bytes | None]]:
+    if headers is None:
+        return []
+    return list(headers.items()) if isinstance(headers, dict) else headers

@@ -1,0 +1,281 @@
+"""NATS JetStream consumer: one durable pull consumer per subject, explicit acks.
+
+For every topic (subject) the adapter finds the stream that captures it and binds to a durable
+consumer named ``<consumer>_<subject>`` (characters NATS does not allow in names become ``_``),
+creating it on first use with explicit acks, ``deliver_policy=all`` (nothing published before
+the first start is missed) and unlimited deliveries (failures are retried by the inbox, not by
+JetStream). It fetches batches and acknowledges each message after the inbox committed the
+whole batch; a message not acknowledged within ``ack_wait`` (a crash, a stop during a database
+outage) is delivered again by JetStream, and the inbox drops it if it was handled.
+
+Messages are decoded from the publisher's wire format (``Nats-Msg-Id``/``ce-id``, ``ce-type``,
+``ce-time``, ``ce-partitionkey``, ``content-type``) by :func:`outboxer.inbox.wire.from_nats`.
+
+URL: the publisher's ``nats://`` URL (servers, credentials, ``name``, ``connect_timeout``,
+``tls_ca_file``) plus these consumer options, all optional:
+
+===================  ==============  ========================================================
+option               default         meaning
+===================  ==============  ========================================================
+``ack_wait``         ``30``          seconds JetStream waits for an ack before redelivering;
+                                     must exceed the time a batch takes (set when the durable
+                                     consumer is created)
+``max_ack_pending``  2 × batch size  unacknowledged messages JetStream hands out at once
+===================  ==============  ========================================================
+
+The client reconnects by itself after a connection loss; the first connection is retried with
+a backoff (1 s doubling to 30 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import re
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from outboxer.config import Backoff
+from outboxer.consumers import split_options
+from outboxer.errors import BrokerUnavailable, ConfigurationError
+from outboxer.inbox.consumer import Deliver
+from outboxer.inbox.inbox import ConsumerStopping, validate_consumer_name
+from outboxer.inbox.wire import from_nats
+from outboxer.publishers.nats import NatsSettings
+
+__all__ = ["NatsConsumer", "NatsConsumerSettings", "durable_name"]
+
+log = logging.getLogger("outboxer.consumer.nats")
+
+_OPTIONS = ("ack_wait", "max_ack_pending")
+#: How long one fetch waits for the first message: the longest delay before a stop is noticed.
+_FETCH_SECONDS = 1.0
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def durable_name(consumer: str, subject: str) -> str:
+    """The durable consumer of ``consumer`` for ``subject`` (NATS forbids ``.``, ``*``, ``>``
+    and whitespace in names)."""
+    return _NAME_UNSAFE.sub("_", f"{consumer}_{subject}")
+
+
+@dataclass(frozen=True, slots=True)
+class NatsConsumerSettings:
+    """Durable pull consumers for one inbox consumer.
+
+    Attributes:
+        connection: Servers, credentials and TLS, parsed like the publisher's URL.
+        name: The consumer name (durable names are derived from it, see :func:`durable_name`).
+        topics: Subjects; each must be captured by a stream.
+        batch_size: Messages fetched and acknowledged together.
+        ack_wait: Seconds before an unacknowledged message is delivered again.
+        max_ack_pending: Unacknowledged messages at once (0: twice the batch).
+        reconnect: Pause between first-connection attempts while NATS is unreachable.
+    """
+
+    connection: NatsSettings
+    name: str
+    topics: tuple[str, ...]
+    batch_size: int = 100
+    ack_wait: float = 30.0
+    max_ack_pending: int = 0
+    reconnect: Backoff = dataclasses.field(
+        default_factory=lambda: Backoff(base=1.0, factor=2.0, cap=30.0)
+    )
+
+    def __post_init__(self) -> None:
+        validate_consumer_name(self.name)
+        if not self.topics:
+            raise ConfigurationError("NATS consumer: at least one subject is required")
+        if self.ack_wait <= 0 or self.max_ack_pending < 0:
+            raise ConfigurationError("NATS URL: ack_wait must be positive, max_ack_pending >= 0")
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
+    ) -> NatsConsumerSettings:
+        rest, options = split_options(url, _OPTIONS)
+        try:
+            ack_wait = float(options.get("ack_wait", "30"))
+            max_ack_pending = int(options.get("max_ack_pending", "0"))
+        except ValueError:
+            raise ConfigurationError(
+                "NATS URL: ack_wait must be a number of seconds, max_ack_pending a whole number"
+            ) from None
+        return cls(
+            connection=NatsSettings.from_url(rest),
+            name=name,
+            topics=tuple(topics),
+            batch_size=batch_size,
+            ack_wait=ack_wait,
+            max_ack_pending=max_ack_pending,
+        )
+
+
+class NatsConsumer:
+    """Fetches from durable JetStream pull consumers and acks after delivery (module docs)."""
+
+    def __init__(self, settings: NatsConsumerSettings) -> None:
+        self.settings = settings
+        self._client: Client | None = None
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
+    ) -> NatsConsumer:
+        return cls(
+            NatsConsumerSettings.from_url(url, name=name, topics=topics, batch_size=batch_size)
+        )
+
+    def __repr__(self) -> str:
+        return f"NatsConsumer({self.settings.connection.describe()}, name={self.settings.name!r})"
+
+    async def __aenter__(self) -> NatsConsumer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 5)
+
+    async def _connect(self) -> Client:
+        settings = self.settings.connection
+        client = Client()
+
+        async def on_error(exc: Exception) -> None:
+            log.debug("NATS client error at %s: %r", settings.describe(), exc)
+
+        async def on_disconnect() -> None:
+            log.warning("NATS consumer disconnected from %s; reconnecting", settings.describe())
+
+        async def on_reconnect() -> None:
+            log.info("NATS consumer reconnected to %s", settings.describe())
+
+        options: dict[str, Any] = {
+            "servers": list(settings.servers),
+            "name": f"{settings.name} consumer {self.settings.name}",
+            "connect_timeout": settings.connect_timeout,
+            # After the first connection the client keeps reconnecting by itself; fetches fail
+            # meanwhile and are retried.
+            "allow_reconnect": True,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 1,
+            "error_cb": on_error,
+            "disconnected_cb": on_disconnect,
+            "reconnected_cb": on_reconnect,
+        }
+        if settings.tls_ca_file is not None:
+            options["tls"] = ssl.create_default_context(cafile=settings.tls_ca_file)
+        if settings.token is not None:
+            options["token"] = settings.token
+        if settings.user is not None:
+            options["user"] = settings.user
+            options["password"] = settings.password
+        try:
+            budget = settings.connect_timeout * (2 * len(settings.servers) + 1)
+            await asyncio.wait_for(client.connect(**options), budget)
+        except Exception as exc:  # noqa: BLE001 - every connect failure means broker-down
+            with contextlib.suppress(Exception):
+                await client.close()
+            raise BrokerUnavailable(
+                f"cannot connect to NATS at {settings.describe()}: {str(exc) or type(exc).__name__}"
+            ) from None
+        return client
+
+    async def _subscribe(self, client: Client, subject: str) -> Any:
+        js = client.jetstream()
+        try:
+            stream = await js.find_stream_name_by_subject(subject)
+        except nats.js.errors.NotFoundError:
+            raise ConfigurationError(
+                f"no JetStream stream captures subject {subject!r}: create one, e.g. "
+                f"'nats stream add --subjects {subject!r}'"
+            ) from None
+        durable = durable_name(self.settings.name, subject)
+        config = ConsumerConfig(
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=self.settings.ack_wait,
+            max_deliver=-1,  # failures are the inbox's to retry, not JetStream's
+            max_ack_pending=self.settings.max_ack_pending or 2 * self.settings.batch_size,
+        )
+        subscription = await js.pull_subscribe(
+            subject, durable=durable, stream=stream, config=config
+        )
+        log.info("consuming %r from stream %r as durable %r", subject, stream, durable)
+        return subscription
+
+    async def run(self, deliver: Deliver, stop: asyncio.Event) -> None:
+        failures = 0
+        while self._client is None:
+            if stop.is_set():
+                return
+            try:
+                self._client = await self._connect()
+            except BrokerUnavailable as exc:
+                failures += 1
+                delay = self.settings.reconnect.delay(failures)
+                log.warning("%s; retrying in %.0f s", exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+        client = self._client
+        subscriptions = [await self._subscribe(client, subject) for subject in self.settings.topics]
+        await asyncio.gather(*(self._consume(client, sub, deliver, stop) for sub in subscriptions))
+
+    async def _consume(
+        self, client: Client, subscription: Any, deliver: Deliver, stop: asyncio.Event
+    ) -> None:
+        while not stop.is_set():
+            try:
+                batch: list[Msg] = await subscription.fetch(
+                    self.settings.batch_size, timeout=_FETCH_SECONDS
+                )
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue  # nothing new
+            except nats.errors.Error as exc:
+                log.warning("NATS fetch failed: %s", exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+                continue
+            messages = []
+            for msg in batch:
+                try:
+                    stream, sequence = msg.metadata.stream, msg.metadata.sequence.stream
+                except (ValueError, AttributeError, IndexError):
+                    stream, sequence = None, None
+                messages.append(
+                    from_nats(
+                        subject=msg.subject,
+                        data=msg.data,
+                        headers=msg.headers,
+                        stream=stream,
+                        sequence=sequence,
+                    )
+                )
+            try:
+                await deliver(messages)
+            except ConsumerStopping:
+                return  # not acknowledged: JetStream delivers them again after ack_wait
+            try:
+                for msg in batch:
+                    await msg.ack()
+                await client.flush(timeout=5)
+            except (TimeoutError, nats.errors.Error) as exc:
+                log.warning(
+                    "could not acknowledge %d messages (%s): JetStream delivers them again "
+                    "and the inbox drops them",
+                    len(batch),
+                    exc,
+                )

@@ -1,0 +1,383 @@
+"""RabbitMQ consumer: a durable queue bound to the outbox exchange, manual acks, prefetch.
+
+On connect the adapter declares the publisher's exchange (topic, durable), a durable queue named
+after the consumer, and one binding per topic (a binding key: ``orders.*`` and ``#`` patterns
+work). It consumes with manual acknowledgements and a prefetch window. A batch is what has
+arrived (up to ``batch_size``); after the inbox committed every message of it, one
+``basic.ack(multiple=True)`` for the batch's last delivery tag acknowledges it. A connection lost
+before that makes RabbitMQ requeue the unacknowledged messages; the inbox drops the ones that
+were handled. Same client as the publisher (pika's asyncio connection, see
+``outboxer.publishers.rabbitmq`` for why).
+
+Messages are decoded from the publisher's wire format (``message_id``, ``type``, ``timestamp``,
+``content_type``, key in ``x-outbox-key``) by :func:`outboxer.inbox.wire.from_amqp`.
+
+URL: the publisher's ``amqp://`` URL (credentials, vhost, ``exchange``, timeouts, ``heartbeat``)
+plus these consumer options, all optional:
+
+==============  =====================  ====================================================
+option          default                meaning
+==============  =====================  ====================================================
+``prefetch``    2 × batch size         unacknowledged messages RabbitMQ sends ahead
+``queue``       the consumer name      queue to declare and consume
+``queue_type``  ``classic``            ``classic`` or ``quorum`` (replicated; recommended
+                                       on a cluster); fixed when the queue is first declared
+==============  =====================  ====================================================
+
+When RabbitMQ is unreachable the adapter retries with a backoff (1 s doubling to 30 s) and
+logs one line per failed attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pika  # type: ignore[import-untyped]
+import pika.exceptions  # type: ignore[import-untyped]
+from pika.adapters.asyncio_connection import AsyncioConnection  # type: ignore[import-untyped]
+
+from outboxer.config import Backoff
+from outboxer.consumers import split_options
+from outboxer.errors import BrokerUnavailable, ConfigurationError
+from outboxer.inbox.consumer import Deliver
+from outboxer.inbox.inbox import ConsumerStopping, validate_consumer_name
+from outboxer.inbox.wire import from_amqp
+from outboxer.publishers.rabbitmq import RabbitMQSettings
+
+__all__ = ["RabbitMQConsumer", "RabbitMQConsumerSettings"]
+
+log = logging.getLogger("outboxer.consumer.rabbitmq")
+
+_OPTIONS = ("prefetch", "queue", "queue_type")
+_CLOSE_GRACE = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class RabbitMQConsumerSettings:
+    """Where to consume from and how much to take at once.
+
+    Attributes:
+        connection: Broker, credentials, vhost and exchange, parsed like the publisher's URL.
+        queue: The durable queue (default: the consumer name).
+        topics: Binding keys of the queue on the exchange.
+        batch_size: Messages delivered to the inbox and acknowledged together.
+        prefetch: Unacknowledged messages in flight to this consumer (0: twice the batch).
+        queue_type: ``classic`` or ``quorum``.
+        reconnect: Pause between connection attempts while RabbitMQ is unreachable.
+    """
+
+    connection: RabbitMQSettings
+    queue: str
+    topics: tuple[str, ...]
+    batch_size: int = 100
+    prefetch: int = 0
+    queue_type: str = "classic"
+    reconnect: Backoff = dataclasses.field(
+        default_factory=lambda: Backoff(base=1.0, factor=2.0, cap=30.0)
+    )
+
+    def __post_init__(self) -> None:
+        validate_consumer_name(self.queue)
+        if not self.topics:
+            raise ConfigurationError("RabbitMQ consumer: at least one topic is required")
+        if self.prefetch < 0 or self.prefetch > 65535:
+            raise ConfigurationError(f"RabbitMQ URL: prefetch={self.prefetch} must be 0 to 65535")
+        if self.queue_type not in ("classic", "quorum"):
+            raise ConfigurationError(
+                f"RabbitMQ URL: queue_type={self.queue_type!r}: use classic or quorum"
+            )
+
+    @property
+    def window(self) -> int:
+        return self.prefetch or min(65535, 2 * self.batch_size)
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
+    ) -> RabbitMQConsumerSettings:
+        rest, options = split_options(url, _OPTIONS)
+        try:
+            prefetch = int(options.get("prefetch", "0"))
+        except ValueError:
+            raise ConfigurationError(
+                f"RabbitMQ URL: prefetch={options['prefetch']!r} is not a whole number"
+            ) from None
+        connection = RabbitMQSettings.from_url(rest)
+        connection = dataclasses.replace(connection, connection_name=f"outboxer consumer {name}")
+        return cls(
+            connection=connection,
+            queue=options.get("queue") or name,
+            topics=tuple(topics),
+            batch_size=batch_size,
+            prefetch=prefetch,
+            queue_type=options.get("queue_type", "classic"),
+        )
+
+
+def _describe(exc: BaseException | None) -> str:
+    if exc is None:
+        return "closed"
+    if isinstance(
+        exc, pika.exceptions.ChannelClosedByBroker | pika.exceptions.ConnectionClosedByBroker
+    ):
+        return f"RabbitMQ said {exc.reply_code} {exc.reply_text}"
+    if exc.args and isinstance(exc.args[0], BaseException):  # pika wraps the real cause
+        return _describe(exc.args[0])
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    tag: int
+    routing_key: str
+    properties: Any
+    body: bytes
+
+
+class _Link:
+    """One connection and channel, consuming into an asyncio queue (pika calls back on the
+    event loop, so no locks are needed)."""
+
+    def __init__(self, settings: RabbitMQConsumerSettings, loop: asyncio.AbstractEventLoop):
+        self.settings = settings
+        self.loop = loop
+        self.connection: Any = None
+        self.channel: Any = None
+        self.deliveries: asyncio.Queue[_Delivery] = asyncio.Queue()
+        self.failure: str | None = None
+        self.lost: asyncio.Future[None] = loop.create_future()
+        self._step: asyncio.Future[Any] | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.failure is None and self.channel is not None
+
+    async def open(self) -> None:
+        settings = self.settings
+        opened: asyncio.Future[Any] = self.loop.create_future()
+        self._step = opened
+        self.connection = AsyncioConnection(
+            settings.connection.connection_parameters(),
+            on_open_callback=lambda conn: _resolve(opened, conn),
+            on_open_error_callback=lambda conn, exc: self._fail(_describe(exc)),
+            on_close_callback=lambda conn, exc: self._fail(f"connection closed: {_describe(exc)}"),
+            custom_ioloop=self.loop,
+        )
+        await opened
+        channel = await self._rpc(lambda done: self.connection.channel(on_open_callback=done))
+        channel.add_on_close_callback(
+            lambda ch, exc: self._fail(f"channel closed: {_describe(exc)}")
+        )
+        await self._rpc(
+            lambda done: channel.basic_qos(prefetch_count=settings.window, callback=done)
+        )
+        exchange = settings.connection.exchange
+        await self._rpc(
+            lambda done: channel.exchange_declare(
+                exchange=exchange, exchange_type="topic", durable=True, callback=done
+            )
+        )
+        arguments = {"x-queue-type": settings.queue_type}
+        await self._rpc(
+            lambda done: channel.queue_declare(
+                queue=settings.queue, durable=True, arguments=arguments, callback=done
+            )
+        )
+        for topic in settings.topics:
+
+            def bind(done: Callable[[Any], None], topic: str = topic) -> object:
+                return channel.queue_bind(
+                    queue=settings.queue, exchange=exchange, routing_key=topic, callback=done
+                )
+
+            await self._rpc(bind)
+        channel.basic_consume(settings.queue, self._on_message, auto_ack=False)
+        self._step = None
+        self.channel = channel
+
+    async def _rpc(self, start: Callable[[Callable[[Any], None]], object]) -> Any:
+        if self.failure is not None:
+            raise BrokerUnavailable(f"{self.settings.connection.safe_url()}: {self.failure}")
+        step: asyncio.Future[Any] = self.loop.create_future()
+        self._step = step
+        start(lambda result: _resolve(step, result))
+        return await step
+
+    def _on_message(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        self.deliveries.put_nowait(
+            _Delivery(method.delivery_tag, method.routing_key, properties, body)
+        )
+
+    def _fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+        if self._step is not None and not self._step.done():
+            self._step.set_exception(
+                BrokerUnavailable(f"{self.settings.connection.safe_url()}: {reason}")
+            )
+        self.channel = None
+        _resolve(self.lost, None)
+        if self.connection is not None and not (
+            self.connection.is_closing or self.connection.is_closed
+        ):
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                self.connection.close()
+
+    async def next_batch(self, size: int, stop: asyncio.Event) -> list[_Delivery]:
+        """What has arrived, up to ``size``; waits for the first one (empty on stop or loss)."""
+        if self.deliveries.empty():
+            getter = asyncio.ensure_future(self.deliveries.get())
+            stopping: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+            waiting: set[asyncio.Future[Any]] = {getter, stopping, self.lost}
+            try:
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+            if not getter.done():
+                getter.cancel()
+                return []
+            batch = [getter.result()]
+        else:
+            batch = []
+        while len(batch) < size and not self.deliveries.empty():
+            batch.append(self.deliveries.get_nowait())
+        return batch
+
+    def ack(self, tag: int) -> bool:
+        """Acknowledge every delivery up to ``tag``; False if the channel is gone (RabbitMQ
+        then requeues them, and the inbox drops the ones already handled)."""
+        if not self.usable:
+            return False
+        try:
+            self.channel.basic_ack(delivery_tag=tag, multiple=True)
+        except (pika.exceptions.AMQPError, AttributeError):
+            return False
+        return True
+
+    async def close(self) -> None:
+        if self.failure is None:
+            self.failure = "consumer closed"
+        connection = self.connection
+        if connection is None or connection.is_closed:
+            return
+        if not connection.is_closing:
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                connection.close()  # unacknowledged deliveries go back to the queue
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.lost), _CLOSE_GRACE)
+
+
+def _resolve(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+class RabbitMQConsumer:
+    """Consumes the consumer's durable queue with manual acknowledgements (module docs)."""
+
+    def __init__(self, settings: RabbitMQConsumerSettings) -> None:
+        self.settings = settings
+        self._link: _Link | None = None
+        self._failures = 0
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
+    ) -> RabbitMQConsumer:
+        return cls(
+            RabbitMQConsumerSettings.from_url(url, name=name, topics=topics, batch_size=batch_size)
+        )
+
+    def __repr__(self) -> str:
+        url, queue = self.settings.connection.safe_url(), self.settings.queue
+        return f"RabbitMQConsumer({url}, queue={queue!r})"
+
+    async def __aenter__(self) -> RabbitMQConsumer:
+        try:
+            await self._connect()
+        except BrokerUnavailable as exc:  # run() keeps trying: a consumer may start first
+            log.warning("%s; retrying", exc)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            await link.close()
+
+    async def _connect(self) -> _Link:
+        if self._link is not None:
+            await self._link.close()
+            self._link = None
+        link = _Link(self.settings, asyncio.get_running_loop())
+        try:
+            async with asyncio.timeout(self.settings.connection.connect_timeout):
+                await link.open()
+        except TimeoutError:
+            await link.close()
+            raise BrokerUnavailable(
+                f"{self.settings.connection.safe_url()}: no answer within "
+                f"{self.settings.connection.connect_timeout:g}s"
+            ) from None
+        except BaseException:
+            await asyncio.shield(link.close())
+            raise
+        self._link = link
+        log.info(
+            "consuming queue %r (bound to %s on exchange %r) on %s",
+            self.settings.queue,
+            ", ".join(self.settings.topics),
+            self.settings.connection.exchange,
+            self.settings.connection.safe_url(),
+        )
+        return link
+
+    async def run(self, deliver: Deliver, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            link = self._link
+            if link is None or not link.usable:
+                if link is not None:
+                    log.warning("RabbitMQ consumer connection lost: %s", link.failure)
+                try:
+                    link = await self._connect()
+                except BrokerUnavailable as exc:
+                    self._failures += 1
+                    delay = self.settings.reconnect.delay(self._failures)
+                    log.warning("%s; reconnecting in %.0f s", exc, delay)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), delay)
+                    continue
+                self._failures = 0
+            batch = await link.next_batch(self.settings.batch_size, stop)
+            if not batch:
+                continue
+            messages = [
+                from_amqp(
+                    routing_key=d.routing_key,
+                    body=d.body,
+                    message_id=d.properties.message_id,
+                    type=d.properties.type,
+                    timestamp=d.properties.timestamp,
+                    content_type=d.properties.content_type,
+                    headers=d.properties.headers,
+                )
+                for d in batch
+            ]
+            try:
+                await deliver(messages)
+            except ConsumerStopping:
+                return  # not acknowledged: RabbitMQ requeues the batch when we disconnect
+            # Deliveries arrive in tag order and every earlier batch is acknowledged: one
+            # multiple-ack for the last tag covers exactly this batch.
+            if not link.ack(batch[-1].tag):
+                log.warning(
+                    "could not acknowledge %d messages (connection lost): RabbitMQ delivers "
+                    "them again and the inbox drops them",
+                    len(batch),
+                )

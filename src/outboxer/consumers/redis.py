@@ -1,0 +1,332 @@
+"""Redis Streams consumer: a consumer group per inbox consumer, XACK after the inbox commit,
+stale pending entries reclaimed with XAUTOCLAIM.
+
+The group is named after the consumer and created on first use at the start of each stream
+(``XGROUP CREATE <stream> <group> 0 MKSTREAM``: entries written before the first start are
+delivered too). Every process joins it under a unique member name (``host-pid-random``) and
+reads new entries with ``XREADGROUP ... >``; after the inbox committed the batch, one ``XACK``
+per stream acknowledges it. Entries a member read but never acknowledged (it was killed, or
+stopped during a database outage) stay pending; every member periodically takes over those
+idle for longer than ``claim_idle`` with ``XAUTOCLAIM`` and processes them (the inbox drops the
+ones already handled). Members that left nothing pending and have been idle for an hour are
+removed from the group, so restarts do not pile up dead member names.
+
+Entries are decoded from the publisher's wire format (fields ``id``, ``type``, ``key``,
+``payload``, ``headers``, ``content_type``) by :func:`outboxer.inbox.wire.from_redis`.
+
+URL: the publisher's ``redis://`` URL (host, db, credentials, TLS, timeouts) plus these
+consumer options, all optional:
+
+==============  =======  ====================================================================
+option          default  meaning
+==============  =======  ====================================================================
+``claim_idle``  ``30``   seconds an entry must be pending (unacknowledged) before another
+                         member reclaims it; must exceed the time a batch takes
+``block``       ``1``    seconds one ``XREADGROUP`` waits for new entries (the longest
+                         delay before a stop is noticed); below the URL's ``socket_timeout``
+==============  =======  ====================================================================
+
+XAUTOCLAIM needs Redis 6.2 or later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import ssl
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from outboxer.config import Backoff
+from outboxer.consumers import split_options
+from outboxer.errors import ConfigurationError
+from outboxer.inbox.consumer import Deliver
+from outboxer.inbox.inbox import ConsumerStopping, validate_consumer_name
+from outboxer.inbox.wire import from_redis
+from outboxer.message import Message
+from outboxer.publishers.redis import RedisSettings
+
+__all__ = ["RedisConsumer", "RedisConsumerSettings"]
+
+log = logging.getLogger("outboxer.consumer.redis")
+
+_OPTIONS = ("claim_idle", "block")
+_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+#: Members idle this long with nothing pending are removed from the group.
+_FORGET_IDLE_MS = 3_600_000
+
+
+@dataclass(frozen=True, slots=True)
+class RedisConsumerSettings:
+    """A consumer group member.
+
+    Attributes:
+        connection: Server, db, credentials and TLS, parsed like the publisher's URL.
+        group: The consumer group (the consumer name).
+        topics: Streams to read.
+        batch_size: Entries read and acknowledged together.
+        claim_idle: Seconds before another member's unacknowledged entry is reclaimed.
+        block: Seconds one read waits for new entries.
+        reconnect: Pause between attempts while Redis is unreachable.
+    """
+
+    connection: RedisSettings
+    group: str
+    topics: tuple[str, ...]
+    batch_size: int = 100
+    claim_idle: float = 30.0
+    block: float = 1.0
+    reconnect: Backoff = dataclasses.field(
+        default_factory=lambda: Backoff(base=1.0, factor=2.0, cap=30.0)
+    )
+
+    def __post_init__(self) -> None:
+        validate_consumer_name(self.group)
+        if not self.topics:
+            raise ConfigurationError("Redis consumer: at least one stream is required")
+        if self.claim_idle <= 0:
+            raise ConfigurationError("redis URL: claim_idle must be a positive number of seconds")
+        if not 0 < self.block < self.connection.socket_timeout:
+            raise ConfigurationError(
+                "redis URL: block must be positive and below socket_timeout "
+                f"({self.connection.socket_timeout:g} s)"
+            )
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
+    ) -> RedisConsumerSettings:
+        rest, options = split_options(url, _OPTIONS)
+        try:
+            claim_idle = float(options.get("claim_idle", "30"))
+            block = float(options.get("block", "1"))
+        except ValueError:
+            raise ConfigurationError("redis URL: claim_idle and block are seconds") from None
+        return cls(
+            connection=RedisSettings.from_url(rest),
+            group=name,
+            topics=tuple(topics),
+            batch_size=batch_size,
+            claim_idle=claim_idle,
+            block=block,
+        )
+
+
+class RedisConsumer:
+    """Reads a consumer group's entries, acknowledges after delivery, reclaims stale ones."""
+
+    def __init__(self, settings: RedisConsumerSettings) -> None:
+        self.settings = settings
+        self.member = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._client: Redis | None = None
+        self._groups_ready = False
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
+    ) -> RedisConsumer:
+        return cls(
+            RedisConsumerSettings.from_url(url, name=name, topics=topics, batch_size=batch_size)
+        )
+
+    def __repr__(self) -> str:
+        url, group = self.settings.connection.safe_url(), self.settings.group
+        return f"RedisConsumer({url}, group={group!r}, member={self.member!r})"
+
+    async def __aenter__(self) -> RedisConsumer:
+        settings = self.settings.connection
+        tls: dict[str, Any] = {}
+        if settings.tls:
+            tls = {
+                "ssl": True,
+                "ssl_ca_certs": settings.ssl_ca_certs,
+                "ssl_cert_reqs": _CERT_REQS[settings.ssl_cert_reqs],
+            }
+        self._client = Redis(
+            host=settings.host,
+            port=settings.port,
+            db=settings.db,
+            username=settings.username,
+            password=settings.password,
+            client_name=settings.client_name,
+            socket_connect_timeout=settings.connect_timeout,
+            socket_timeout=settings.socket_timeout,
+            socket_keepalive=True,
+            **tls,
+        )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        client, self._client = self._client, None
+        if client is None:
+            return
+        with contextlib.suppress(RedisError, OSError):
+            # Leave the group if nothing of ours is pending (else others reclaim it later).
+            for stream in self.settings.topics:
+                pending = await client.xpending_range(
+                    stream, self.settings.group, "-", "+", 1, consumername=self.member
+                )
+                if not pending:
+                    await client.xgroup_delconsumer(stream, self.settings.group, self.member)
+        await client.aclose()
+
+    async def _create_groups(self, client: Redis) -> None:
+        for stream in self.settings.topics:
+            try:
+                await client.xgroup_create(stream, self.settings.group, id="0", mkstream=True)
+                log.info("created consumer group %r on stream %r", self.settings.group, stream)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+        self._groups_ready = True
+        log.info(
+            "consuming streams %s as member %r of group %r on %s",
+            ", ".join(self.settings.topics),
+            self.member,
+            self.settings.group,
+            self.settings.connection.safe_url(),
+        )
+
+    async def run(self, deliver: Deliver, stop: asyncio.Event) -> None:
+        client = self._client
+        if client is None:
+            raise RuntimeError("RedisConsumer is not open (use 'async with')")
+        failures = 0
+        next_claim = 0.0
+        claim_every = min(max(self.settings.claim_idle / 2, 0.2), 30.0)
+        while not stop.is_set():
+            try:
+                if not self._groups_ready:
+                    await self._create_groups(client)
+                if time.monotonic() >= next_claim:
+                    if not await self._reclaim(client, deliver, stop):
+                        return
+                    next_claim = time.monotonic() + claim_every
+                if not await self._read(client, deliver):
+                    return
+                failures = 0
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                failures += 1
+                delay = self.settings.reconnect.delay(failures)
+                log.warning(
+                    "Redis at %s unavailable (%s); retrying in %.0f s",
+                    self.settings.connection.safe_url(),
+                    exc,
+                    delay,
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                log.warning("consumer group missing (stream deleted?): creating it again")
+                self._groups_ready = False
+
+    async def _read(self, client: Redis, deliver: Deliver) -> bool:
+        """One XREADGROUP of new entries; False when delivery was stopped (nothing acked)."""
+        response: Any = await client.xreadgroup(
+            self.settings.group,
+            self.member,
+            dict.fromkeys(self.settings.topics, ">"),
+            count=self.settings.batch_size,
+            block=max(1, int(self.settings.block * 1000)),
+        )
+        entries: list[tuple[str, str, Any]] = []
+        # RESP2 reply: [[stream, [(entry id, {field: value}), ...]], ...]
+        for stream, items in response or []:
+            name = stream.decode() if isinstance(stream, bytes) else str(stream)
+            entries.extend((name, _text(entry_id), fields) for entry_id, fields in items)
+        return await self._deliver(client, deliver, entries)
+
+    async def _reclaim(self, client: Redis, deliver: Deliver, stop: asyncio.Event) -> bool:
+        """Take over entries pending longer than ``claim_idle`` (their reader died); process
+        them like new ones. False when delivery was stopped."""
+        idle_ms = int(self.settings.claim_idle * 1000)
+        for stream in self.settings.topics:
+            cursor = "0-0"
+            while not stop.is_set():
+                reply = await client.xautoclaim(
+                    stream,
+                    self.settings.group,
+                    self.member,
+                    min_idle_time=idle_ms,
+                    start_id=cursor,
+                    count=self.settings.batch_size,
+                )
+                cursor = _text(reply[0])
+                # Entries deleted from the stream meanwhile come back without fields (Redis 6)
+                # or only in the reply's third part (Redis 7); either way there is nothing to do.
+                claimed = [(stream, _text(i), f) for i, f in reply[1] if f is not None]
+                if claimed:
+                    log.warning(
+                        "reclaimed %d unacknowledged entries of stream %r idle for over %g s",
+                        len(claimed),
+                        stream,
+                        self.settings.claim_idle,
+                    )
+                if not await self._deliver(client, deliver, claimed):
+                    return False
+                if cursor == "0-0":
+                    break
+            await self._forget_idle_members(client, stream)
+        return True
+
+    async def _deliver(
+        self, client: Redis, deliver: Deliver, entries: list[tuple[str, str, Any]]
+    ) -> bool:
+        if not entries:
+            return True
+        messages: list[Message] = [
+            from_redis(stream=stream, entry_id=entry_id, fields=fields)
+            for stream, entry_id, fields in entries
+        ]
+        try:
+            await deliver(messages)
+        except ConsumerStopping:
+            return False  # still pending: reclaimed by a member later
+        by_stream: dict[str, list[str]] = {}
+        for stream, entry_id, _ in entries:
+            by_stream.setdefault(stream, []).append(entry_id)
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                for stream, ids in by_stream.items():
+                    pipe.xack(stream, self.settings.group, *ids)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "could not acknowledge %d entries (%s): they are reclaimed later and the inbox "
+                "drops them",
+                len(entries),
+                exc,
+            )
+        return True
+
+    async def _forget_idle_members(self, client: Redis, stream: str) -> None:
+        try:
+            members = await client.xinfo_consumers(stream, self.settings.group)
+        except ResponseError:
+            return
+        for member in members:
+            name = _text(member.get("name"))
+            if (
+                name != self.member
+                and int(member.get("pending", 0)) == 0
+                and int(member.get("idle", 0)) > _FORGET_IDLE_MS
+            ):
+                await client.xgroup_delconsumer(stream, self.settings.group, name)
+
+
+def _text(value: bytes | str | Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

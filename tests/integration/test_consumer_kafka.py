@@ -1,0 +1,54 @@
+"""The consumer contract against Kafka (Tansu, started by the tests): a consumer group whose
+offsets are committed only after the inbox transaction."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from outboxer.consumers.kafka import KafkaConsumerSettings
+from outboxer.message import Message
+from outboxer.publishers.kafka import KafkaPublisher
+from tests.contracts.consumer import ConsumerContract, Prepare, Publish
+from tests.tansu import create_topic, kafka_bootstrap  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class TestKafkaConsumer(ConsumerContract):
+    @pytest.fixture
+    def broker_url(self, kafka_bootstrap: str) -> str:  # noqa: F811 - the fixture
+        # A short session: the partitions of the killed member move on sooner.
+        return f"kafka://{kafka_bootstrap}?session_timeout_ms=3000&heartbeat_interval_ms=300"
+
+    @pytest.fixture
+    def prepare(self, kafka_bootstrap: str) -> Prepare:  # noqa: F811 - the fixture
+        async def prepare(topic: str, name: str) -> None:
+            await asyncio.to_thread(create_topic, kafka_bootstrap, topic, 3)
+
+        return prepare
+
+    @pytest.fixture
+    def publish(self, kafka_bootstrap: str) -> Publish:  # noqa: F811 - the fixture
+        async def publish(topic: str, messages: Sequence[Message]) -> None:
+            async with KafkaPublisher.from_url(f"kafka://{kafka_bootstrap}") as publisher:
+                assert list(await publisher.publish(messages)) == [None] * len(messages)
+
+        return publish
+
+
+def test_consumer_options_are_taken_out_of_the_url() -> None:
+    settings = KafkaConsumerSettings.from_url(
+        "kafka://b1:9092,b2?session_timeout_ms=10000&heartbeat_interval_ms=1000"
+        "&auto_offset_reset=latest&client_id=svc",
+        name="group-1",
+        topics=["orders"],
+    )
+    config = settings.consumer_config()
+    assert config["group.id"] == "group-1"
+    assert config["bootstrap.servers"] == "b1:9092,b2:9092"
+    assert config["enable.auto.commit"] is False
+    assert (config["session.timeout.ms"], config["heartbeat.interval.ms"]) == (10000, 1000)
+    assert (config["auto.offset.reset"], config["client.id"]) == ("latest", "svc")

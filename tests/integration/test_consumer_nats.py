@@ -1,0 +1,84 @@
+"""The consumer contract against NATS JetStream (127.0.0.1:4222): durable pull consumers."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+import nats
+import nats.js.errors
+import pytest
+
+from outboxer.consumers.nats import NatsConsumerSettings, durable_name
+from outboxer.message import Message
+from outboxer.publishers.nats import NatsPublisher
+from tests.conftest import require_service, unique_name
+from tests.contracts.consumer import ConsumerContract, Prepare, Publish
+
+pytestmark = pytest.mark.timeout(90)
+
+NATS = "nats://127.0.0.1:4222"
+
+
+class TestNatsConsumer(ConsumerContract):
+    @pytest.fixture
+    def broker_url(self) -> str:
+        require_service("NATS", "127.0.0.1", 4222)
+        # Unacknowledged messages of a killed consumer come back after 2 s.
+        return f"{NATS}?ack_wait=2"
+
+    @pytest.fixture
+    async def prepare(self) -> AsyncIterator[Prepare]:
+        client = await nats.connect(NATS)
+        js = client.jetstream()
+        streams: list[str] = []
+
+        async def prepare(topic: str, name: str) -> None:
+            stream = unique_name("OB")
+            await js.add_stream(name=stream, subjects=[topic])
+            streams.append(stream)
+
+        yield prepare
+        for stream in streams:
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await js.delete_stream(stream)
+        await client.close()
+
+    @pytest.fixture
+    def publish(self) -> Publish:
+        async def publish(topic: str, messages: Sequence[Message]) -> None:
+            async with NatsPublisher.from_url(NATS) as publisher:
+                assert list(await publisher.publish(messages)) == [None] * len(messages)
+
+        return publish
+
+    @pytest.fixture
+    def publish_again(self) -> Publish:
+        """JetStream drops a re-published ``Nats-Msg-Id`` inside its duplicate window, so the
+        duplicate goes in without that header, carrying the id in ``ce-id`` only (as a copy
+        published by another system, or after the window, would)."""
+
+        async def publish(topic: str, messages: Sequence[Message]) -> None:
+            client = await nats.connect(NATS)
+            try:
+                js = client.jetstream()
+                for m in messages:
+                    headers = {**m.headers, "ce-id": m.id, "content-type": m.content_type}
+                    if m.type is not None:
+                        headers["ce-type"] = m.type
+                    await js.publish(topic, m.payload, headers=headers)
+            finally:
+                await client.close()
+
+        return publish
+
+
+def test_durable_names_are_valid_nats_names() -> None:
+    assert durable_name("svc.v1", "orders.*.created") == "svc_v1_orders___created"
+
+
+def test_consumer_options_are_taken_out_of_the_url() -> None:
+    settings = NatsConsumerSettings.from_url(
+        f"{NATS}?ack_wait=5&max_ack_pending=10&name=x", name="svc", topics=["a.b"]
+    )
+    assert (settings.ack_wait, settings.max_ack_pending, settings.connection.name) == (5, 10, "x")

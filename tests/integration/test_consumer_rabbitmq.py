@@ -1,0 +1,81 @@
+"""The consumer contract against RabbitMQ (127.0.0.1:5672): durable queue, manual acks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+import pika  # type: ignore[import-untyped]
+import pika.exceptions  # type: ignore[import-untyped]
+import pytest
+
+from outboxer.consumers import consumer_from_url
+from outboxer.consumers.rabbitmq import RabbitMQConsumerSettings
+from outboxer.inbox import wire
+from outboxer.message import Message
+from outboxer.publishers.rabbitmq import KEY_HEADER, RabbitMQPublisher
+from tests.conftest import require_service, unique_name
+from tests.contracts.consumer import ConsumerContract, Prepare, Publish
+
+pytestmark = pytest.mark.timeout(90)
+
+AMQP = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def _delete(exchange: str, queues: list[str]) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP))
+    try:
+        channel = connection.channel()
+        for queue in queues:
+            channel.queue_delete(queue)
+        channel.exchange_delete(exchange)
+    finally:
+        with contextlib.suppress(pika.exceptions.AMQPError):
+            connection.close()
+
+
+class TestRabbitMQConsumer(ConsumerContract):
+    @pytest.fixture
+    def exchange(self) -> str:
+        require_service("RabbitMQ", "127.0.0.1", 5672)
+        return unique_name("x")
+
+    @pytest.fixture
+    def broker_url(self, exchange: str) -> str:
+        return f"{AMQP}?exchange={exchange}"
+
+    @pytest.fixture
+    async def prepare(self, broker_url: str, exchange: str) -> AsyncIterator[Prepare]:
+        queues: list[str] = []
+
+        async def prepare(topic: str, name: str) -> None:
+            # Entering the adapter declares the queue and binds it: published messages are
+            # routed to it from now on, even before the consumer runs.
+            async with consumer_from_url(broker_url, name=name, topics=[topic]):
+                queues.append(name)
+
+        yield prepare
+        await asyncio.to_thread(_delete, exchange, queues)
+
+    @pytest.fixture
+    def publish(self, broker_url: str) -> Publish:
+        async def publish(topic: str, messages: Sequence[Message]) -> None:
+            async with RabbitMQPublisher.from_url(broker_url) as publisher:
+                assert list(await publisher.publish(messages)) == [None] * len(messages)
+
+        return publish
+
+
+def test_the_key_header_matches_the_publisher() -> None:
+    assert wire.AMQP_KEY_HEADER == KEY_HEADER
+
+
+def test_consumer_options_are_taken_out_of_the_url() -> None:
+    settings = RabbitMQConsumerSettings.from_url(
+        f"{AMQP}?exchange=ex&prefetch=7&queue_type=quorum&heartbeat=10",
+        name="svc",
+        topics=["orders.*"],
+    )
+    assert (settings.queue, settings.window, settings.queue_type) == ("svc", 7, "quorum")
+    assert (settings.connection.exchange, settings.connection.heartbeat) == ("ex", 10)

@@ -1,0 +1,57 @@
+"""The consumer contract against Redis Streams (127.0.0.1:6379): groups, XACK, XAUTOCLAIM."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+from redis.asyncio import Redis
+
+from outboxer.consumers.redis import RedisConsumerSettings
+from outboxer.message import Message
+from outboxer.publishers.redis import RedisPublisher
+from tests.conftest import require_service
+from tests.contracts.consumer import ConsumerContract, Prepare, Publish
+
+pytestmark = pytest.mark.timeout(90)
+
+REDIS = "redis://127.0.0.1:6379/0"
+
+
+class TestRedisConsumer(ConsumerContract):
+    @pytest.fixture
+    def broker_url(self) -> str:
+        require_service("Redis", "127.0.0.1", 6379)
+        # Entries of a killed member are reclaimed after 1 s of idleness.
+        return f"{REDIS}?claim_idle=1"
+
+    @pytest.fixture
+    async def prepare(self) -> AsyncIterator[Prepare]:
+        streams: list[str] = []
+
+        async def prepare(topic: str, name: str) -> None:
+            streams.append(topic)  # the group is created by the consumer, from the start
+
+        yield prepare
+        client = Redis.from_url(REDIS)
+        try:
+            if streams:
+                await client.delete(*streams)
+        finally:
+            await client.aclose()
+
+    @pytest.fixture
+    def publish(self) -> Publish:
+        async def publish(topic: str, messages: Sequence[Message]) -> None:
+            async with RedisPublisher.from_url(REDIS) as publisher:
+                assert list(await publisher.publish(messages)) == [None] * len(messages)
+
+        return publish
+
+
+def test_consumer_options_are_taken_out_of_the_url() -> None:
+    settings = RedisConsumerSettings.from_url(
+        f"{REDIS}?claim_idle=2.5&block=0.5&socket_timeout=3", name="svc", topics=["s"]
+    )
+    assert (settings.group, settings.claim_idle, settings.block) == ("svc", 2.5, 0.5)
+    assert settings.connection.socket_timeout == 3

@@ -1,0 +1,96 @@
+"""The command line around the inbox: ``outboxer consume`` refusing bad input in one line, and
+consume dead letters through the existing ``outboxer dlq`` and ``outboxer stats`` commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+import pytest
+
+from outboxer.message import Message
+from outboxer.ports import ConsumeFailure
+from outboxer.stores.postgres import PostgresStore
+from tests.acceptance.conftest import OUTBOXER, ROOT, assert_one_line_error
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def outboxer(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(
+        [OUTBOXER, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=30
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (["--handlers", "no_such_module:registry", "--topic", "t"], ["cannot import"]),
+        (["--handlers", "tests.integration.consumer_handlers", "--topic", "t"], ["module:"]),
+        (["--handlers", "tests.integration.consumer_handlers:FIXED", "--topic", "t"],
+         ["not a HandlerRegistry"]),
+        (["--handlers", "tests.integration.consumer_handlers:registry"], ["--topic"]),
+        (["--handlers", "tests.integration.consumer_handlers:registry", "--topic", "t",
+          "--consumer-name", "bad name!"], ["invalid consumer name"]),
+        (["--handlers", "tests.integration.consumer_handlers:registry", "--topic", "t",
+          "--broker", "http://example.com"], ["consuming"]),
+        (["--handlers", "tests.integration.consumer_handlers:registry", "--topic", "t",
+          "--broker", "kafka://127.0.0.1:1?session_timeout_ms=soon"], ["session_timeout_ms"]),
+    ],
+)  # fmt: skip
+def test_consume_refuses_bad_input_in_one_line(
+    pg_url: str, options: list[str], words: list[str]
+) -> None:
+    args = ["consume", "--database-url", pg_url, "--broker", "redis://127.0.0.1:6379/0"]
+    result = outboxer(*args, *options)
+    assert_one_line_error(result, 2, *words)
+
+
+async def test_consume_dead_letters_in_the_dlq_and_stats_commands(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    async def failing(message: Message, connection: Any, attempt: int) -> None:
+        raise RuntimeError("the mail server said no")
+
+    def give_up(message: Message, attempts: int, error: Exception) -> ConsumeFailure:
+        return ConsumeFailure(f"consumer 'mailer': {error}", None)
+
+    poison = Message(id="poison-1", topic="users", payload=b'{"n": 1}', key="u1", type="T")
+    outcomes = await pg_store.consume(
+        "mailer", [poison], failing, on_failure=give_up, retention_seconds=60
+    )
+    assert outcomes == ["dead"]
+    db = ["--database-url", pg_url, "--schema", pg_schema]
+
+    listed = outboxer("dlq", "list", *db, "--json")
+    assert listed.returncode == 0, listed.stderr
+    [item] = json.loads(listed.stdout)["items"]
+    assert (item["id"], item["direction"], item["attempts"]) == ("poison-1", "consume", 1)
+    assert item["payload"] == {"n": 1} and "said no" in item["failure_reason"]
+    shown = outboxer("dlq", "show", "poison-1", *db, "--json")
+    assert json.loads(shown.stdout)["direction"] == "consume"
+
+    sweep = await pg_store.sweep(sweeper="test", interval=0, retention_seconds=0, batch_size=50)
+    assert sweep is not None and sweep.consume_failures == 1
+    stats = json.loads(outboxer("stats", *db, "--json").stdout)
+    assert stats["dead_letters"] == 1 and stats["last_sweep"]["consume_failures"] == 1
+
+    replayed = outboxer("dlq", "replay", "poison-1", *db, "--json")
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["replayed"] == ["poison-1"]
+    assert (await pg_store.stats()).dead_letters == 0
+    assert (await pg_store.stats()).pending == 0  # re-driven to the consumer, not re-published
+
+    handled: list[str] = []
+
+    async def fixed(message: Message, connection: Any, attempt: int) -> None:
+        handled.append(f"{message.id}#{attempt}")
+
+    outcomes = await pg_store.redrive_consume_failures(
+        "mailer", fixed, on_failure=give_up, retention_seconds=60, limit=10
+    )
+    assert outcomes == ["handled"] and handled == ["poison-1#1"]

@@ -1,0 +1,415 @@
+"""Handlers through the inbox: typed payloads, the handler context, batches, outages.
+
+The registry's calling convention is checked on its own and through both users of a registry:
+the in-process publisher and the inbox (in-memory, SQLite and PostgreSQL stores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import threading
+import time
+from typing import Any
+
+import asyncpg
+import pydantic
+import pytest
+
+import outboxer
+from outboxer.config import Backoff
+from outboxer.errors import ConfigurationError, PermanentPublishError, StoreUnavailable
+from outboxer.inbox import (
+    ConsumerStopping,
+    HandlerContext,
+    HandlerRegistry,
+    Inbox,
+    InboxSettings,
+    PermanentHandlerError,
+    UndecodablePayload,
+)
+from outboxer.message import Message, encode_payload
+from outboxer.ports import DeadLetterFilter
+from outboxer.publishers.inprocess import InProcessPublisher
+from outboxer.stores.postgres import PostgresStore
+from outboxer.stores.sqlite import SqliteStore
+from outboxer.testing import InMemoryStore
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@dataclasses.dataclass(frozen=True)
+class UserRegistered:
+    user_id: int
+    email: str
+
+
+class OrderCreated(pydantic.BaseModel):
+    order_id: int
+    item: str
+
+
+def event(payload: object, type: str | None = None, **fields: Any) -> Message:
+    body, content_type = encode_payload(payload)
+    fields.setdefault("id", f"id-{time.monotonic_ns()}")
+    return Message(topic="t", payload=body, content_type=content_type, type=type, **fields)
+
+
+# -- the registry's calling convention ---------------------------------------------------------
+
+
+def test_payloads_are_decoded_into_the_annotated_type() -> None:
+    registry = HandlerRegistry()
+    seen: list[object] = []
+
+    @registry.handler()  # the type is the annotation's class name
+    def welcome(user: UserRegistered) -> None:
+        seen.append(user)
+
+    @registry.handler()
+    def ship(order: OrderCreated, ctx: HandlerContext) -> None:
+        seen.append((order, ctx.message.type, ctx.attempt))
+
+    @registry.handler(topic="raw")
+    def raw(message: Message) -> None:
+        seen.append(message.id)
+
+    @registry.handler("AsDict")
+    def as_dict(data: dict[str, Any]) -> None:
+        seen.append(data)
+
+    @registry.handler("AsText")
+    def as_text(text: str, ctx: HandlerContext) -> None:
+        seen.append(text)
+
+    # A newer producer added a field: a tolerant reader ignores it.
+    user = event({"user_id": 1, "email": "a@example.com", "plan": "pro"}, "UserRegistered")
+    order = event(OrderCreated(order_id=7, item="book"), "OrderCreated")
+    for message in (user, order, event(b"\x00", id="r1"), event({"k": 1}, "AsDict")):
+        message = dataclasses.replace(message, topic="raw") if message.id == "r1" else message
+        for handler in registry.handlers_for(message):
+            registry.call(handler, message, HandlerContext(message, attempt=3))
+    text = event("hello", "AsText")
+    [handler] = registry.handlers_for(text)
+    registry.call(handler, text, HandlerContext(text))
+    assert seen == [
+        UserRegistered(1, "a@example.com"),
+        (OrderCreated(order_id=7, item="book"), "OrderCreated", 3),
+        "r1",
+        {"k": 1},
+        "hello",
+    ]
+
+
+def test_a_payload_that_does_not_fit_is_a_permanent_failure() -> None:
+    registry = HandlerRegistry()
+    registry.register(lambda user: None, "Lambda")  # unannotated: the Message
+
+    @registry.handler()
+    def welcome(user: UserRegistered) -> None:
+        raise AssertionError("not reached")
+
+    @registry.handler()
+    def ship(order: OrderCreated) -> None:
+        raise AssertionError("not reached")
+
+    for bad in (
+        event({"user_id": 1}, "UserRegistered"),  # a required field is missing
+        event([1, 2], "UserRegistered"),  # not an object
+        event(b"\xff not json", "UserRegistered"),
+        event({"order_id": "x", "item": "book"}, "OrderCreated"),  # pydantic refuses
+    ):
+        [handler] = registry.handlers_for(bad)
+        with pytest.raises(UndecodablePayload, match="does not decode"):
+            registry.call(handler, bad, HandlerContext(bad))
+    assert issubclass(UndecodablePayload, PermanentHandlerError)
+
+
+def test_classes_and_callable_objects_are_handlers() -> None:
+    registry = HandlerRegistry()
+    calls: list[str] = []
+
+    @registry.handler("UserRegistered")
+    class SendWelcomeEmail:
+        def __call__(self, user: UserRegistered, ctx: HandlerContext) -> None:
+            calls.append(f"class:{user.email}")
+
+    class Audit:
+        def __init__(self, prefix: str) -> None:
+            self.prefix = prefix
+
+        async def __call__(self, user: UserRegistered) -> None:
+            calls.append(f"{self.prefix}:{user.user_id}")
+
+    audit = registry.register(Audit("audit"))  # type inferred from the annotation
+    assert isinstance(SendWelcomeEmail, type)  # the decorator leaves the class in place
+    assert registry.is_async(audit)
+    message = event({"user_id": 5, "email": "e@example.com"}, "UserRegistered")
+    for handler in registry.handlers_for(message):
+        result = registry.call(handler, message, HandlerContext(message))
+        if registry.is_async(handler):
+            asyncio.run(result)
+    assert calls == ["class:e@example.com", "audit:5"]
+
+
+def test_registration_refuses_what_it_cannot_call() -> None:
+    registry = HandlerRegistry()
+    with pytest.raises(ConfigurationError, match="type or a topic"):
+        registry.register(lambda message: None)
+    with pytest.raises(ConfigurationError, match=r"\(payload\) or \(payload, ctx\)"):
+        registry.register(lambda a, b, c: None, "T")
+    with pytest.raises(ConfigurationError, match="cannot decode"):
+
+        @registry.handler("T")
+        def wrong(value: int) -> None: ...
+
+    with pytest.raises(ConfigurationError, match="not callable"):
+        registry.register(42, "T")  # type: ignore[arg-type]
+
+
+def test_payload_annotations_are_resolved_or_refused() -> None:
+    """This module uses ``from __future__ import annotations``: annotations are strings."""
+    registry = HandlerRegistry()
+
+    @dataclasses.dataclass
+    class Local:  # defined in a function: its name cannot be resolved from the handler
+        n: int
+
+    with pytest.raises(ConfigurationError, match="cannot resolve the payload annotation 'Local'"):
+
+        @registry.handler("Local")
+        def local(event: Local) -> None: ...
+
+    # An unresolvable annotation elsewhere (ctx) does not matter: the payload type resolves.
+    @registry.handler()
+    def welcome(user: UserRegistered, ctx: NotImportedAtRuntime) -> None:  # type: ignore[name-defined]  # noqa: F821
+        seen.append(user.email)
+
+    seen: list[str] = []
+    message = event({"user_id": 1, "email": "x@example.com"}, "UserRegistered")
+    registry.call(welcome, message, HandlerContext(message))
+    assert seen == ["x@example.com"]
+
+
+async def test_the_in_process_publisher_calls_handlers_the_same_way() -> None:
+    registry = HandlerRegistry()
+    seen: list[tuple[str, Any, int]] = []
+
+    @registry.handler()
+    async def welcome(user: UserRegistered, ctx: HandlerContext) -> None:
+        seen.append((user.email, ctx.connection, ctx.attempt))
+
+    @registry.handler()
+    def ship(order: OrderCreated) -> None:
+        seen.append((order.item, None, 0))
+
+    publisher = InProcessPublisher(registry)
+    good = dataclasses.replace(
+        event({"user_id": 1, "email": "a@example.com"}, "UserRegistered"), attempts=2
+    )
+    results = await publisher.publish(
+        [good, event({"order_id": 1, "item": "pen"}, "OrderCreated"), event({}, "OrderCreated")]
+    )
+    assert results[:2] == [None, None]
+    assert isinstance(results[2], PermanentPublishError)
+    assert "does not decode" in str(results[2])
+    assert sorted(seen, key=str) == [("a@example.com", None, 3), ("pen", None, 0)]
+
+
+# -- the inbox ---------------------------------------------------------------------------------
+
+
+def settings(**overrides: Any) -> InboxSettings:
+    base: dict[str, Any] = {
+        "consumer": "svc",
+        "max_attempts": 3,
+        "retry": Backoff(base=0.05, cap=0.05),
+        "redrive_interval": 0.02,
+        "sweep_interval": 0,
+    }
+    return InboxSettings(**{**base, **overrides})
+
+
+async def test_messages_without_a_handler_are_ignored_and_plain_handlers_leave_the_loop_free() -> (
+    None
+):
+    registry = HandlerRegistry()
+    threads: list[str] = []
+
+    @registry.handler("Slow")
+    def slow(message: Message) -> None:
+        threads.append(threading.current_thread().name)
+        time.sleep(0.2)
+
+    store = InMemoryStore()
+    inbox = Inbox(store, registry, settings())
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.create_task(tick())
+    outcomes = await inbox.receive_batch([event({}, "Slow"), event({}, "Unknown")])
+    ticker.cancel()
+    assert outcomes == ["handled", "ignored"]
+    assert threads and threads[0] != threading.current_thread().name
+    assert ticks >= 10  # the loop kept running while the handler slept in its thread
+    assert inbox.counters.to_json()["ignored"] == 1
+
+
+async def test_a_batch_keeps_key_order_and_runs_keys_concurrently() -> None:
+    registry = HandlerRegistry()
+    log: list[tuple[str, str]] = []
+    running = 0
+    peak = 0
+
+    @registry.handler("Step")
+    async def step(data: dict[str, Any]) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        log.append((data["key"], "start"))
+        await asyncio.sleep(0.02)
+        log.append((data["key"], f"end {data['n']}"))
+        running -= 1
+
+    batch = [event({"key": k, "n": n}, "Step", key=k) for n in range(3) for k in "abcd"]
+    inbox = Inbox(InMemoryStore(), registry, settings(concurrency=3))
+    assert await inbox.receive_batch(batch) == ["handled"] * 12
+    assert peak == 3  # three keys at once, never more
+    for key in "abcd":
+        ends = [what for k, what in log if k == key and what.startswith("end")]
+        assert ends == ["end 0", "end 1", "end 2"]
+
+
+async def test_permanent_handler_errors_are_dead_letters_at_once() -> None:
+    registry = HandlerRegistry()
+
+    @registry.handler("Bad")
+    def bad(message: Message) -> None:
+        raise PermanentHandlerError("this can never work")
+
+    @registry.handler()
+    def typed(user: UserRegistered) -> None:
+        raise AssertionError("not reached")
+
+    store = InMemoryStore()
+    inbox = Inbox(store, registry, settings())
+    outcomes = await inbox.receive_batch(
+        [event({}, "Bad", id="bad"), event({"nope": 1}, "UserRegistered", id="undecodable")]
+    )
+    assert outcomes == ["dead", "dead"]
+    for dead_id in ("bad", "undecodable"):
+        dead = await store.get_dead_letter(dead_id)
+        assert (dead.direction, dead.attempts) == ("consume", 1)
+
+
+class FlakyStore(InMemoryStore):
+    """The database is down for the first ``down`` calls."""
+
+    def __init__(self, down: int) -> None:
+        super().__init__()
+        self.down = down
+
+    async def consume(self, *args: Any, **kwargs: Any) -> Any:
+        if self.down > 0:
+            self.down -= 1
+            raise StoreUnavailable("connection refused")
+        return await super().consume(*args, **kwargs)
+
+
+async def test_while_the_database_is_down_a_delivery_waits_and_is_not_lost() -> None:
+    registry = HandlerRegistry()
+    registry.register(lambda message: None, "T")
+    fast = settings(outage=Backoff(base=0.01, cap=0.02))
+    inbox = Inbox(FlakyStore(down=3), registry, fast)
+    assert await inbox.receive_batch([event({}, "T")]) == ["handled"]
+    # Asked to stop during the outage: the batch is given up (not acknowledged) instead.
+    stopping = Inbox(FlakyStore(down=1000), registry, fast)
+    asyncio.get_running_loop().call_later(0.1, stopping.stop)
+    with pytest.raises(ConsumerStopping):
+        await stopping.receive_batch([event({}, "T"), event({}, "T", key="k")])
+
+
+async def test_the_redrive_loop_retries_until_success(tmp_path: Any) -> None:
+    registry = HandlerRegistry()
+    attempts: list[int] = []
+
+    @registry.handler("T")
+    def flaky(message: Message, ctx: HandlerContext) -> None:
+        attempts.append(ctx.attempt)
+        if ctx.attempt < 3:
+            raise RuntimeError("not yet")
+
+    store = InMemoryStore()
+    inbox = Inbox(store, registry, settings(max_attempts=5))
+    assert await inbox.receive(event({}, "T")) == "retrying"
+    loop = asyncio.create_task(inbox.run_redrives())
+    try:
+        deadline = time.monotonic() + 5
+        while attempts != [1, 2, 3] and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+    finally:
+        loop.cancel()
+    assert attempts == [1, 2, 3]
+    assert inbox.counters.redriven == 2 and inbox.counters.handled == 1
+    report = await store.sweep(sweeper="s", interval=0, retention_seconds=0, batch_size=50)
+    assert report is not None and report.consume_retries == 2
+
+
+async def test_handler_writes_and_new_outbox_messages_commit_with_the_inbox_row(
+    pg_store: PostgresStore, pg_schema: str, pg_url: str
+) -> None:
+    """A handler reacting to an event writes a row and enqueues a follow-up event through
+    ``ctx.connection``: both exist iff the inbox row does (the outbox chains through it)."""
+    await pg_store.execute(f'CREATE TABLE "{pg_schema}".welcomed (user_id int PRIMARY KEY)')
+    registry = HandlerRegistry()
+    outbox = outboxer.Outbox(schema=pg_schema)
+
+    @registry.handler()
+    async def welcome(user: UserRegistered, ctx: HandlerContext) -> None:
+        assert isinstance(ctx.connection, asyncpg.pool.PoolConnectionProxy)
+        assert ctx.consumer == "svc"
+        await ctx.connection.execute(
+            f'INSERT INTO "{pg_schema}".welcomed VALUES ($1)', user.user_id
+        )
+        await outbox.enqueue_async(
+            ctx.connection, "emails", {"to": user.email}, type="WelcomeEmailQueued"
+        )
+        if user.user_id == 2:
+            raise RuntimeError("rolled back, follow-up event included")
+
+    inbox = Inbox(pg_store, registry, settings(max_attempts=1))
+    ok = event({"user_id": 1, "email": "a@example.com"}, "UserRegistered")
+    bad = event({"user_id": 2, "email": "b@example.com"}, "UserRegistered")
+    assert await inbox.receive_batch([ok, bad, ok]) == ["handled", "dead", "duplicate"]
+    rows = await pg_store.execute(f'SELECT user_id FROM "{pg_schema}".welcomed')
+    assert [r[0] for r in rows] == [1]
+    outbox_rows = await pg_store.execute("SELECT type, payload FROM {outbox}")
+    assert [(r[0], json.loads(r[1])) for r in outbox_rows] == [
+        ("WelcomeEmailQueued", {"to": "a@example.com"})
+    ]
+    dead = await pg_store.list_dead_letters(DeadLetterFilter(), limit=5, cursor=None)
+    assert [(d.id, d.direction) for d in dead.items] == [(bad.id, "consume")]
+
+
+async def test_on_sqlite_the_handler_gets_the_aiosqlite_connection(
+    sqlite_store: SqliteStore,
+) -> None:
+    await sqlite_store.execute("CREATE TABLE welcomed (user_id INTEGER PRIMARY KEY)")
+    registry = HandlerRegistry()
+
+    @registry.handler()
+    async def welcome(user: UserRegistered, ctx: HandlerContext) -> None:
+        await ctx.connection.execute("INSERT INTO welcomed VALUES (?)", (user.user_id,))
+        await outboxer.enqueue_async(ctx.connection, "emails", {"to": user.email})
+
+    inbox = Inbox(sqlite_store, registry, settings())
+    message = event({"user_id": 9, "email": "z@example.com"}, "UserRegistered")
+    assert await inbox.receive_batch([message, message]) == ["handled", "duplicate"]
+    assert [tuple(r) for r in await sqlite_store.execute("SELECT * FROM welcomed")] == [(9,)]
+    assert (await sqlite_store.stats()).pending == 1

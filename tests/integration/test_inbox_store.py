@@ -1,0 +1,487 @@
+"""The inbox store contract, run against the in-memory fake, SQLite and PostgreSQL.
+
+A handler here records an "effect" through the connection of the inbox transaction (a row in
+an ``effects`` table; a list for the in-memory store, which has no transactions), so every test
+can count how often a message really took effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+
+from outboxer.config import TableNames
+from outboxer.message import Message
+from outboxer.ports import ConsumeFailure, DeadLetterFilter, InboxStore
+from outboxer.stores.postgres import PostgresStore
+from outboxer.stores.sqlite import SqliteStore
+from outboxer.testing import InMemoryStore
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def message(n: int, *, key: str | None = None, type: str = "Thing") -> Message:
+    return Message(
+        id=f"m-{n}",
+        topic="things",
+        payload=b'{"n": %d}' % n,
+        key=key,
+        type=type,
+        headers={"h": str(n)},
+    )
+
+
+def retry_after(delay: float, max_attempts: int = 3) -> Callable[[Message, int, Exception], Any]:
+    def judge(message: Message, attempts: int, error: Exception) -> ConsumeFailure:
+        if attempts >= max_attempts:
+            return ConsumeFailure(f"gave up: {error}", None)
+        return ConsumeFailure(f"failed: {error}", delay)
+
+    return judge
+
+
+class Effects:
+    """Writes one effect row per handler run, through the inbox transaction's connection."""
+
+    def __init__(
+        self,
+        record: Callable[[Any, str, str], Awaitable[None]],
+        read: Callable[[], Awaitable[list[str]]],
+    ) -> None:
+        self.record = record
+        self.read = read
+        self.calls: list[tuple[str, int]] = []  # (message id, attempt), in call order
+
+    def handler(
+        self, consumer: str = "c", fail: Callable[[Message, int], bool] = lambda m, a: False
+    ) -> Any:
+        async def handle(message: Message, connection: Any, attempt: int) -> None:
+            self.calls.append((message.id, attempt))
+            await self.record(connection, consumer, message.id)
+            if fail(message, attempt):
+                raise RuntimeError(f"handler failed on attempt {attempt}")
+
+        return handle
+
+
+async def one(
+    store: InboxStore, consumer: str, message: Message, handler: Any, **options: Any
+) -> str:
+    """Consume one message; its outcome."""
+    [outcome] = await store.consume(consumer, [message], handler, **options)
+    return outcome
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+class Mode:
+    """A store whose ``consume`` runs in one of the two transaction modes."""
+
+    def __init__(self, store: Any, single_transaction: bool) -> None:
+        self._store = store
+        self._single = single_transaction
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def consume(self, *args: Any, **options: Any) -> Any:
+        return await self._store.consume(*args, single_transaction=self._single, **options)
+
+
+class InboxStoreContract:
+    """Run twice per store: one transaction per message, and one per batch."""
+
+    transactional = True  # handler writes are undone when the handler fails
+
+    @pytest.fixture(params=["per-message", "single-transaction"])
+    def store(self, request: pytest.FixtureRequest, raw_store: Any) -> Mode:
+        return Mode(raw_store, request.param == "single-transaction")
+
+    async def test_a_message_is_handled_once_per_consumer(
+        self, store: InboxStore, effects: Effects
+    ) -> None:
+        judge = retry_after(0.1)
+        m = message(1)
+        assert (
+            await one(store, "c", m, effects.handler(), on_failure=judge, retention_seconds=60)
+            == "handled"
+        )
+        again = dataclasses.replace(m, payload=b'{"n": "redelivered"}')
+        assert (
+            await one(store, "c", again, effects.handler(), on_failure=judge, retention_seconds=60)
+            == "duplicate"
+        )
+        assert await effects.read() == ["c:m-1"]
+        # Another consumer has an inbox of its own.
+        assert (
+            await one(store, "d", m, effects.handler("d"), on_failure=judge, retention_seconds=60)
+            == "handled"
+        )
+        assert sorted(await effects.read()) == ["c:m-1", "d:m-1"]
+        assert effects.calls == [("m-1", 1), ("m-1", 1)]
+
+    async def test_a_failed_attempt_leaves_no_effect_and_is_retried_after_the_delay(
+        self, store: InboxStore, effects: Effects
+    ) -> None:
+        judge = retry_after(0.3)
+        handler = effects.handler(fail=lambda m, attempt: attempt == 1)
+        m = message(1)
+        assert (
+            await one(store, "c", m, handler, on_failure=judge, retention_seconds=60) == "retrying"
+        )
+        if self.transactional:
+            assert await effects.read() == []
+        # A redelivery while the failure waits is a duplicate: the failure row owns it.
+        assert (
+            await one(store, "c", m, handler, on_failure=judge, retention_seconds=60) == "duplicate"
+        )
+        assert (
+            await store.redrive_consume_failures(
+                "c", handler, on_failure=judge, retention_seconds=60, limit=10
+            )
+            == []
+        )  # not due yet
+        await asyncio.sleep(0.35)
+        assert await store.redrive_consume_failures(
+            "c", handler, on_failure=judge, retention_seconds=60, limit=10
+        ) == ["handled"]
+        assert effects.calls == [("m-1", 1), ("m-1", 2)]
+        if self.transactional:
+            assert await effects.read() == ["c:m-1"]
+        assert (
+            await store.redrive_consume_failures(
+                "c", handler, on_failure=judge, retention_seconds=60, limit=10
+            )
+            == []
+        )
+        assert (
+            await one(store, "c", m, handler, on_failure=judge, retention_seconds=60) == "duplicate"
+        )
+
+    async def test_after_max_attempts_a_consume_dead_letter_that_replay_re_drives(
+        self, store: Any, effects: Effects
+    ) -> None:
+        broken = {"yes": True}
+        handler = effects.handler(fail=lambda m, a: broken["yes"])
+        judge = retry_after(0.05, max_attempts=2)
+        m = message(7, key="k7")
+        assert (
+            await one(store, "c", m, handler, on_failure=judge, retention_seconds=60) == "retrying"
+        )
+        await asyncio.sleep(0.1)
+        assert await store.redrive_consume_failures(
+            "c", handler, on_failure=judge, retention_seconds=60, limit=10
+        ) == ["dead"]
+        dead = await store.get_dead_letter("m-7")
+        assert dead.direction == "consume"
+        assert (dead.topic, dead.key, dead.type, dead.payload) == (
+            "things",
+            "k7",
+            "Thing",
+            m.payload,
+        )
+        assert dict(dead.headers) == {"h": "7"}
+        assert dead.attempts == 2
+        assert "gave up" in dead.failure_reason and "attempt 2" in dead.failure_reason
+        page = await store.list_dead_letters(
+            DeadLetterFilter(topic="things"), limit=10, cursor=None
+        )
+        assert [d.id for d in page.items] == ["m-7"]
+        assert dead.to_json()["direction"] == "consume"
+        # Given up: a redelivery has no effect either, and nothing is re-driven any more.
+        assert (
+            await one(store, "c", m, handler, on_failure=judge, retention_seconds=60) == "duplicate"
+        )
+        await asyncio.sleep(0.1)
+        assert (
+            await store.redrive_consume_failures(
+                "c", handler, on_failure=judge, retention_seconds=60, limit=10
+            )
+            == []
+        )
+        # The bug is fixed; the operator replays the dead letter: the consumer runs it again.
+        broken["yes"] = False
+        assert await store.replay_dead_letters(DeadLetterFilter(ids=["m-7"])) == ["m-7"]
+        assert (
+            await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)
+        ).items == []
+        if hasattr(store, "pending_messages"):
+            assert store.pending_messages == []  # not re-published to the outbox
+        else:
+            assert (await store.stats()).pending == 0
+        assert await store.redrive_consume_failures(
+            "c", handler, on_failure=judge, retention_seconds=60, limit=10
+        ) == ["handled"]
+        assert effects.calls[-1] == ("m-7", 1)  # attempts start again
+        if self.transactional:
+            assert await effects.read() == ["c:m-7"]
+
+    async def test_a_permanent_failure_is_a_dead_letter_at_once(
+        self, store: Any, effects: Effects
+    ) -> None:
+        def judge(message: Message, attempts: int, error: Exception) -> ConsumeFailure:
+            return ConsumeFailure("undecodable", None)
+
+        handler = effects.handler(fail=lambda m, a: True)
+        assert (
+            await one(store, "c", message(3), handler, on_failure=judge, retention_seconds=60)
+            == "dead"
+        )
+        dead = await store.get_dead_letter("m-3")
+        assert (dead.direction, dead.attempts, dead.failure_reason) == ("consume", 1, "undecodable")
+        if self.transactional:
+            assert await effects.read() == []
+
+    async def test_a_failing_message_blocks_only_its_own_key(
+        self, store: InboxStore, effects: Effects
+    ) -> None:
+        judge = retry_after(0.2)
+        handler = effects.handler(fail=lambda m, attempt: m.id == "m-1" and attempt == 1)
+
+        async def consume(m: Message) -> str:
+            return await one(store, "c", m, handler, on_failure=judge, retention_seconds=60)
+
+        assert await consume(message(1, key="a")) == "retrying"
+        assert await consume(message(2, key="a")) == "waiting"
+        assert await consume(message(3, key="b")) == "handled"
+        assert await consume(message(4)) == "handled"
+        assert await consume(message(5, key="a")) == "waiting"
+        assert await consume(message(2, key="a")) == "duplicate"
+
+        async def drained() -> bool:
+            await store.redrive_consume_failures(
+                "c", handler, on_failure=judge, retention_seconds=60, limit=10
+            )
+            return [i for i, _ in effects.calls].count("m-5") == 1
+
+        await wait_until(drained)
+        # Key "a" ran in arrival order once its head succeeded; "b" and the unkeyed one at once.
+        order = [i for i, _ in effects.calls]
+        assert order == ["m-1", "m-3", "m-4", "m-1", "m-2", "m-5"]
+        if self.transactional:
+            assert sorted(await effects.read()) == ["c:m-1", "c:m-2", "c:m-3", "c:m-4", "c:m-5"]
+
+    async def test_one_call_commits_each_message_on_its_own(
+        self, store: InboxStore, effects: Effects
+    ) -> None:
+        """A batch goes in one call, but every message is its own transaction: a failure
+        undoes only its own writes, and a later message of its key waits behind it."""
+        judge = retry_after(5)
+        handler = effects.handler(fail=lambda m, attempt: m.id == "m-2")
+        batch = [
+            message(1, key="a"),
+            message(1, key="a"),
+            message(2, key="b"),
+            message(3, key="b"),
+            message(4, key="c"),
+        ]
+        outcomes = await store.consume("c", batch, handler, on_failure=judge, retention_seconds=60)
+        assert outcomes == ["handled", "duplicate", "retrying", "waiting", "handled"]
+        if self.transactional:
+            assert sorted(await effects.read()) == ["c:m-1", "c:m-4"]
+
+    async def test_the_sweep_counts_consume_retries_and_failures_and_purges_the_inbox(
+        self, store: Any, effects: Effects
+    ) -> None:
+        handler = effects.handler(fail=lambda m, attempt: m.id != "m-1")
+        judge = retry_after(0.01, max_attempts=2)
+        first = await store.sweep(sweeper="s", interval=0, retention_seconds=0, batch_size=50)
+        assert first is not None
+        assert (
+            await one(store, "c", message(1), handler, on_failure=judge, retention_seconds=0.2)
+            == "handled"
+        )
+        assert (
+            await one(store, "c", message(2), handler, on_failure=judge, retention_seconds=0.2)
+            == "retrying"
+        )
+        await asyncio.sleep(0.05)
+        assert await store.redrive_consume_failures(
+            "c", handler, on_failure=judge, retention_seconds=0.2, limit=10
+        ) == ["dead"]
+        await asyncio.sleep(0.25)  # both inbox rows expire
+        report = await store.sweep(sweeper="s", interval=0, retention_seconds=0, batch_size=50)
+        assert report is not None
+        assert (report.consume_retries, report.consume_failures) == (1, 1)
+        assert (await store.last_sweep()).consume_retries == 1
+        # The inbox row of m-1 is gone: a (very late) redelivery would run again.
+        assert (
+            await one(store, "c", message(1), handler, on_failure=judge, retention_seconds=60)
+            == "handled"
+        )
+        again = await store.sweep(sweeper="s", interval=0, retention_seconds=0, batch_size=50)
+        assert (again.consume_retries, again.consume_failures) == (0, 0)
+
+    async def test_replay_re_drives_to_every_consumer_that_gave_up(
+        self, store: Any, effects: Effects
+    ) -> None:
+        broken = {"yes": True}
+        judge = retry_after(0.01, max_attempts=1)
+        for consumer in ("c", "d"):
+            handler = effects.handler(consumer, fail=lambda m, a: broken["yes"])
+            assert (
+                await one(
+                    store, consumer, message(9), handler, on_failure=judge, retention_seconds=60
+                )
+                == "dead"
+            )
+        [dead] = (await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)).items
+        assert (dead.id, dead.direction) == ("m-9", "consume")
+        broken["yes"] = False
+        assert await store.replay_dead_letters(DeadLetterFilter(topic="things")) == ["m-9"]
+        for consumer in ("c", "d"):
+            assert await store.redrive_consume_failures(
+                consumer,
+                effects.handler(consumer),
+                on_failure=judge,
+                retention_seconds=60,
+                limit=10,
+            ) == ["handled"]
+        if self.transactional:
+            assert sorted(await effects.read()) == ["c:m-9", "d:m-9"]
+        assert effects.calls[-2:] == [("m-9", 1), ("m-9", 1)]
+
+
+class TestInMemoryInbox(InboxStoreContract):
+    transactional = False
+
+    @pytest.fixture
+    def raw_store(self) -> InMemoryStore:
+        return InMemoryStore()
+
+    @pytest.fixture
+    def effects(self) -> Effects:
+        rows: list[str] = []
+
+        async def record(connection: Any, consumer: str, message_id: str) -> None:
+            assert connection is None
+            rows.append(f"{consumer}:{message_id}")
+
+        async def read() -> list[str]:
+            return list(rows)
+
+        return Effects(record, read)
+
+
+class TestSqliteInbox(InboxStoreContract):
+    @pytest.fixture
+    async def raw_store(self, sqlite_store: SqliteStore) -> SqliteStore:
+        await sqlite_store.execute("CREATE TABLE effects (consumer TEXT, message_id TEXT)")
+        return sqlite_store
+
+    @pytest.fixture
+    def effects(self, raw_store: SqliteStore) -> Effects:
+        store = raw_store
+
+        async def record(connection: Any, consumer: str, message_id: str) -> None:
+            await connection.execute("INSERT INTO effects VALUES (?, ?)", (consumer, message_id))
+
+        async def read() -> list[str]:
+            rows = await store.execute("SELECT consumer, message_id FROM effects ORDER BY rowid")
+            return [f"{r[0]}:{r[1]}" for r in rows]
+
+        return Effects(record, read)
+
+
+class TestPostgresInbox(InboxStoreContract):
+    @pytest.fixture
+    async def raw_store(self, pg_store: PostgresStore, pg_schema: str) -> PostgresStore:
+        await pg_store.execute(
+            f'CREATE TABLE "{pg_schema}".effects (n serial, consumer text, message_id text)'
+        )
+        return pg_store
+
+    @pytest.fixture
+    def effects(self, raw_store: PostgresStore, pg_schema: str) -> Effects:
+        store = raw_store
+
+        async def record(connection: Any, consumer: str, message_id: str) -> None:
+            await connection.execute(
+                f'INSERT INTO "{pg_schema}".effects (consumer, message_id) VALUES ($1, $2)',
+                consumer,
+                message_id,
+            )
+
+        async def read() -> list[str]:
+            rows = await store.execute(
+                f'SELECT consumer, message_id FROM "{pg_schema}".effects ORDER BY n'
+            )
+            return [f"{r[0]}:{r[1]}" for r in rows]
+
+        return Effects(record, read)
+
+    async def test_a_handler_that_swallows_a_database_error_fails_instead_of_vanishing(
+        self, store: PostgresStore, effects: Effects
+    ) -> None:
+        """PostgreSQL answers COMMIT in an aborted transaction with a silent ROLLBACK: without
+        the explicit savepoint release the message would count as handled with no inbox row."""
+
+        async def swallowing(message: Message, connection: Any, attempt: int) -> None:
+            await effects.record(connection, "c", message.id)
+            with contextlib.suppress(asyncpg.DivisionByZeroError):
+                await connection.execute("SELECT 1/0")  # the transaction is aborted now
+
+        outcome = await one(
+            store, "c", message(1), swallowing, on_failure=retry_after(9), retention_seconds=60
+        )
+        assert outcome == "retrying"
+        assert await effects.read() == []
+        rows = await store.execute("SELECT attempts, last_error FROM {inbox_failures}")
+        assert rows[0][0] == 1 and "transaction is aborted" in rows[0][1]
+
+    async def test_handlers_may_open_nested_transactions(
+        self, store: PostgresStore, effects: Effects
+    ) -> None:
+        """``ctx.connection.transaction()`` in a handler is a savepoint inside the inbox's."""
+
+        async def nested(message: Message, connection: Any, attempt: int) -> None:
+            async with connection.transaction():
+                await effects.record(connection, "c", message.id)
+            if message.id == "m-2":
+                raise RuntimeError("after the nested block: undone all the same")
+
+        outcomes = await store.consume(
+            "c", [message(1), message(2)], nested, on_failure=retry_after(9), retention_seconds=60
+        )
+        assert outcomes == ["handled", "retrying"]
+        assert await effects.read() == ["c:m-1"]
+
+    async def test_concurrent_deliveries_of_one_message_run_the_handler_once(
+        self, pg_url: str, pg_schema: str, store: PostgresStore, effects: Effects
+    ) -> None:
+        """Two instances of one consumer receive the same message at the same moment (a Redis
+        reclaim, a Kafka rebalance): the second waits on the first's inbox row, then skips."""
+        started = asyncio.Event()
+        release = asyncio.Event()
+
+        async def slow(message: Message, connection: Any, attempt: int) -> None:
+            await effects.record(connection, "c", message.id)
+            started.set()
+            await release.wait()
+
+        async with PostgresStore(pg_url, TableNames(schema=pg_schema)) as other:
+            first = asyncio.create_task(
+                one(store, "c", message(1), slow, on_failure=retry_after(1), retention_seconds=60)
+            )
+            await started.wait()
+            second = asyncio.create_task(
+                one(other, "c", message(1), slow, on_failure=retry_after(1), retention_seconds=60)
+            )
+            await asyncio.sleep(0.2)
+            assert not second.done()  # blocked on the first transaction's inbox row
+            release.set()
+            assert await first == "handled"
+            assert await second == "duplicate"
+        assert await effects.read() == ["c:m-1"]
