@@ -6,21 +6,25 @@ Figures are meant to be compared within one run (ratios), not across machines.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import datetime as dt
 import json
 import os
 import platform
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 import outboxer
+from outboxer._ids import new_message_id
 from outboxer.config import RelaySettings, TableNames
 from outboxer.errors import PublishError
-from outboxer.message import Message
+from outboxer.message import JSON, Message
+from outboxer.ports import Publisher
 from outboxer.relay import Relay
 from outboxer.stores.postgres import PostgresStore
 
@@ -105,6 +109,57 @@ async def drain_rate(schema: str, publisher: Any, settings: RelaySettings, count
     if counters.published != count:
         raise RuntimeError(f"published {counters.published} of {count}")
     return count / elapsed
+
+
+CHUNK = 500  # the relay's batch size
+WINDOW = 4  # the relay's batches in flight
+
+
+def build_messages(count: int, topic: str, *, keys: int | None = 64) -> list[Message]:
+    """``count`` messages of about 120 payload bytes (``keys`` distinct keys, ``None`` = every
+    key distinct), a type and one header: what the raw-client benchmarks publish."""
+    now = dt.datetime.now(dt.UTC)
+    return [
+        Message(
+            id=new_message_id(),
+            topic=topic,
+            payload=json.dumps(
+                {"order_id": n, "customer": f"c{n % 997:04d}", "total": "129.90", "pad": "x" * 48}
+            ).encode(),
+            key=f"order-{n % keys if keys else n}",
+            type="OrderCreated",
+            headers={"tenant": "acme"},
+            content_type=JSON,
+            created_at=now,
+        )
+        for n in range(count)
+    ]
+
+
+async def windowed(
+    messages: Sequence[Message], send: Callable[[Sequence[Message]], Awaitable[None]]
+) -> float:
+    """Send ``messages`` in chunks of CHUNK with at most WINDOW chunks in flight; msg/s."""
+    limit = asyncio.Semaphore(WINDOW)
+
+    async def one(chunk: Sequence[Message]) -> None:
+        async with limit:
+            await send(chunk)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(messages[i : i + CHUNK]) for i in range(0, len(messages), CHUNK)))
+    return len(messages) / (time.perf_counter() - started)
+
+
+async def publisher_rate(publisher: Publisher, messages: Sequence[Message]) -> float:
+    """An entered publisher's ``publish`` with batches of CHUNK, WINDOW at once; msg/s."""
+
+    async def send(chunk: Sequence[Message]) -> None:
+        results = await publisher.publish(chunk)
+        if any(r is not None for r in results):
+            raise RuntimeError(f"publish failed: {next(r for r in results if r)}")
+
+    return await windowed(messages, send)
 
 
 def save(name: str, result: dict[str, Any]) -> Path:

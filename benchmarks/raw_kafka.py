@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,27 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import build_messages, publisher_rate  # noqa: E402
 from outboxer._ids import new_message_id  # noqa: E402
-from outboxer.message import JSON, Message  # noqa: E402
+from outboxer.message import Message  # noqa: E402
 from outboxer.publishers.kafka import KafkaPublisher, KafkaSettings  # noqa: E402
-
-CHUNK = 500
-WINDOW = 4
-
-
-async def _windowed(
-    messages: Sequence[Message], send: Callable[[Sequence[Message]], Awaitable[None]]
-) -> float:
-    """Send ``messages`` in chunks of CHUNK with at most WINDOW chunks in flight; msg/s."""
-    limit = asyncio.Semaphore(WINDOW)
-
-    async def one(chunk: Sequence[Message]) -> None:
-        async with limit:
-            await send(chunk)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(one(messages[i : i + CHUNK]) for i in range(0, len(messages), CHUNK)))
-    return len(messages) / (time.perf_counter() - started)
 
 
 def _raw_produce(url: str, messages: Sequence[Message]) -> float:
@@ -117,30 +99,7 @@ async def adapter_rate(url: str, messages: list[Message]) -> float:
         warm_up = Message(id=new_message_id(), topic=messages[0].topic, payload=b"warm-up")
         await publisher.publish([warm_up])  # connection, metadata, producer id: off the clock
 
-        async def send(chunk: Sequence[Message]) -> None:
-            results = await publisher.publish(chunk)
-            if any(r is not None for r in results):
-                raise RuntimeError(f"publish failed: {next(r for r in results if r)}")
-
-        return await _windowed(messages, send)
-
-
-def build_messages(count: int, topic: str) -> list[Message]:
-    """``count`` messages of about 120 payload bytes, unique keys, a type and one header."""
-    return [
-        Message(
-            id=new_message_id(),
-            topic=topic,
-            payload=json.dumps(
-                {"order_id": n, "customer": f"c{n % 997:04d}", "total": "129.90", "pad": "x" * 48}
-            ).encode(),
-            key=f"order-{n}",
-            type="OrderCreated",
-            headers={"tenant": "acme"},
-            content_type=JSON,
-        )
-        for n in range(count)
-    ]
+        return await publisher_rate(publisher, messages)
 
 
 def _fresh_topic(bootstrap: str, messages: list[Message]) -> list[Message]:
@@ -160,7 +119,7 @@ async def main(url: str | None, count: int = 20_000) -> None:
         url = f"kafka://{broker.bootstrap}"
     try:
         bootstrap = KafkaSettings.from_url(url).bootstrap_servers
-        messages = build_messages(count, "unused")
+        messages = build_messages(count, "unused", keys=None)
         # Interleave the runs and keep the best of each, so neither side profits from warm-up.
         raw = adapter = 0.0
         for _ in range(5):

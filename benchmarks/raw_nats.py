@@ -20,22 +20,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import json
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import nats
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from outboxer._ids import new_message_id
-from outboxer.message import JSON, Message
+from benchmarks.common import build_messages, publisher_rate
+from outboxer.message import Message
 from outboxer.publishers.nats import NatsPublisher
 
-CHUNK = 500
-WINDOW = 4
 WINDOW_MESSAGES = 4096  # the adapter's default max_pending
 
 
@@ -57,21 +54,6 @@ async def fresh_stream(url: str, subjects: Sequence[str]) -> AsyncIterator[str]:
         with contextlib.suppress(NotFoundError):
             await js.delete_stream(name)
         await nc.close()
-
-
-async def _windowed(
-    messages: Sequence[Message], send: Callable[[Sequence[Message]], Awaitable[None]]
-) -> float:
-    """Send ``messages`` in chunks of CHUNK with at most WINDOW chunks in flight; msg/s."""
-    limit = asyncio.Semaphore(WINDOW)
-
-    async def one(chunk: Sequence[Message]) -> None:
-        async with limit:
-            await send(chunk)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(one(messages[i : i + CHUNK]) for i in range(0, len(messages), CHUNK)))
-    return len(messages) / (time.perf_counter() - started)
 
 
 def _headers(m: Message) -> dict[str, str]:
@@ -149,31 +131,7 @@ async def adapter_rate(url: str, messages: list[Message]) -> float:
         fresh_stream(url, [m.topic for m in messages]),
         NatsPublisher.from_url(url) as publisher,
     ):
-
-        async def send(chunk: Sequence[Message]) -> None:
-            results = await publisher.publish(chunk)
-            if any(r is not None for r in results):
-                raise RuntimeError(f"publish failed: {next(r for r in results if r)}")
-
-        return await _windowed(messages, send)
-
-
-def build_messages(count: int, topic: str) -> list[Message]:
-    """``count`` messages of about 120 payload bytes, 64 keys, a type and one header."""
-    return [
-        Message(
-            id=new_message_id(),
-            topic=topic,
-            payload=json.dumps(
-                {"order_id": n, "customer": f"c{n % 997:04d}", "total": "129.90", "pad": "x" * 48}
-            ).encode(),
-            key=f"order-{n % 64}",
-            type="OrderCreated",
-            headers={"tenant": "acme"},
-            content_type=JSON,
-        )
-        for n in range(count)
-    ]
+        return await publisher_rate(publisher, messages)
 
 
 async def main(url: str, count: int = 20_000) -> None:

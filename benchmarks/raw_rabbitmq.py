@@ -29,8 +29,6 @@ Run: ``.venv/bin/python benchmarks/raw_rabbitmq.py [--compare] [amqp://guest:gue
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import json
 import statistics
 import sys
 import time
@@ -43,8 +41,8 @@ import pika.frame
 import pika.spec
 from pika.adapters.asyncio_connection import AsyncioConnection
 
-from outboxer._ids import new_message_id
-from outboxer.message import JSON, Message
+from benchmarks.common import build_messages
+from outboxer.message import Message
 from outboxer.publishers.rabbitmq import RabbitMQPublisher
 
 CHUNK = 500  # the relay's batch size
@@ -288,26 +286,6 @@ async def aiormq_rate(url: str, messages: list[Message]) -> float:
 
 
 # -- setup and main ----------------------------------------------------------------------------
-
-
-def build_messages(count: int, topic: str) -> list[Message]:
-    """``count`` messages of about 120 payload bytes, 64 keys, a type and one header."""
-    now = dt.datetime.now(dt.UTC)
-    return [
-        Message(
-            id=new_message_id(),
-            topic=topic,
-            payload=json.dumps(
-                {"order_id": n, "customer": f"c{n % 997:04d}", "total": "129.90", "pad": "x" * 48}
-            ).encode(),
-            key=f"order-{n % 64}",
-            type="OrderCreated",
-            headers={"tenant": "acme"},
-            content_type=JSON,
-            created_at=now,
-        )
-        for n in range(count)
-    ]
 
 
 async def _admin(url: str, action: Callable[[Any, str], Awaitable[None]]) -> None:

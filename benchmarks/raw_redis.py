@@ -14,33 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
-from outboxer._ids import new_message_id
-from outboxer.message import JSON, Message
+from benchmarks.common import WINDOW, build_messages, publisher_rate, windowed
+from outboxer.message import Message
 from outboxer.publishers.redis import RedisPublisher
-
-CHUNK = 500
-WINDOW = 4
-
-
-async def _windowed(
-    messages: Sequence[Message], send: Callable[[Sequence[Message]], Awaitable[None]]
-) -> float:
-    """Send ``messages`` in chunks of CHUNK with at most WINDOW chunks in flight; msg/s."""
-    limit = asyncio.Semaphore(WINDOW)
-
-    async def one(chunk: Sequence[Message]) -> None:
-        async with limit:
-            await send(chunk)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(one(messages[i : i + CHUNK]) for i in range(0, len(messages), CHUNK)))
-    return len(messages) / (time.perf_counter() - started)
 
 
 async def raw_ceiling(url: str, messages: list[Message]) -> float:
@@ -71,7 +52,7 @@ async def raw_ceiling(url: str, messages: list[Message]) -> float:
             replies = await pipe.execute()
             assert len(replies) == len(chunk)
 
-        return await _windowed(messages, send)
+        return await windowed(messages, send)
     finally:
         await client.aclose()
 
@@ -81,30 +62,7 @@ async def adapter_rate(url: str, messages: list[Message]) -> float:
     async with RedisPublisher.from_url(url) as publisher:
         await publisher.publish(messages[:1])  # warm-up: open a connection outside the clock
 
-        async def send(chunk: Sequence[Message]) -> None:
-            results = await publisher.publish(chunk)
-            if any(r is not None for r in results):
-                raise RuntimeError(f"publish failed: {next(r for r in results if r)}")
-
-        return await _windowed(messages, send)
-
-
-def build_messages(count: int, topic: str) -> list[Message]:
-    """``count`` messages of about 120 payload bytes, 64 keys, a type and one header."""
-    return [
-        Message(
-            id=new_message_id(),
-            topic=topic,
-            payload=json.dumps(
-                {"order_id": n, "customer": f"c{n % 997:04d}", "total": "129.90", "pad": "x" * 48}
-            ).encode(),
-            key=f"order-{n % 64}",
-            type="OrderCreated",
-            headers={"tenant": "acme"},
-            content_type=JSON,
-        )
-        for n in range(count)
-    ]
+        return await publisher_rate(publisher, messages)
 
 
 async def main(url: str, count: int = 20_000) -> None:

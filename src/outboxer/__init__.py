@@ -10,14 +10,16 @@ from outboxer.errors import (
     ConfigurationError,
     NotFound,
     OutboxerError,
+    PermanentHandlerError,
     PermanentPublishError,
     PublishError,
     RetryablePublishError,
     SchemaError,
     StoreError,
     StoreUnavailable,
+    UndecodablePayload,
 )
-from outboxer.inbox.registry import HandlerRegistry
+from outboxer.inbox.registry import HandlerContext, HandlerRegistry
 from outboxer.message import Message
 from outboxer.outbox import Outbox, enqueue, enqueue_async
 from outboxer.ports import Publisher, Store
@@ -27,11 +29,13 @@ __all__ = [
     "Backoff",
     "BrokerUnavailable",
     "ConfigurationError",
+    "HandlerContext",
     "HandlerRegistry",
     "Message",
     "NotFound",
     "Outbox",
     "OutboxerError",
+    "PermanentHandlerError",
     "PermanentPublishError",
     "PublishError",
     "Publisher",
@@ -43,6 +47,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "TableNames",
+    "UndecodablePayload",
     "enqueue",
     "enqueue_async",
 ]

@@ -12,6 +12,8 @@ a driver to handle a failure.
     │   ├── StoreUnavailable       the database cannot be reached right now (retry later)
     │   └── SchemaError            the outbox tables are missing or at an unknown version
     ├── NotFound                   a dead letter or other named object does not exist
+    ├── PermanentHandlerError      a handler says retrying can never help: dead-letter at once
+    │   └── UndecodablePayload     the payload does not decode into the handler's type
     └── PublishError               one message could not be published
         ├── RetryablePublishError  transient, message-specific: counts an attempt, retried later
         ├── PermanentPublishError  can never succeed (rejected/undecodable): dead-lettered at once
@@ -26,12 +28,14 @@ __all__ = [
     "ConfigurationError",
     "NotFound",
     "OutboxerError",
+    "PermanentHandlerError",
     "PermanentPublishError",
     "PublishError",
     "RetryablePublishError",
     "SchemaError",
     "StoreError",
     "StoreUnavailable",
+    "UndecodablePayload",
 ]
 
 
@@ -57,6 +61,15 @@ class SchemaError(StoreError):
 
 class NotFound(OutboxerError, LookupError):
     """A named object (a dead letter, a handler registry) does not exist."""
+
+
+class PermanentHandlerError(OutboxerError):
+    """Raised by (or for) a handler when retrying can never help: the message is
+    dead-lettered at once (the in-process publisher reports a ``PermanentPublishError``)."""
+
+
+class UndecodablePayload(PermanentHandlerError):
+    """The payload does not decode into the type the handler's first parameter asks for."""
 
 
 class PublishError(OutboxerError):

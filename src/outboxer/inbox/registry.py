@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from outboxer.errors import ConfigurationError, OutboxerError
+from outboxer.errors import ConfigurationError, PermanentHandlerError, UndecodablePayload
 from outboxer.message import Message
 
 __all__ = [
@@ -54,15 +54,6 @@ __all__ = [
 ]
 
 Handler = Callable[..., Any] | Callable[..., Awaitable[Any]]
-
-
-class PermanentHandlerError(OutboxerError):
-    """Raised by (or for) a handler when retrying can never help: the message is
-    dead-lettered at once (the in-process publisher reports a ``PermanentPublishError``)."""
-
-
-class UndecodablePayload(PermanentHandlerError):
-    """The payload does not decode into the type the handler's first parameter asks for."""
 
 
 @dataclass(frozen=True, slots=True)
