@@ -113,6 +113,7 @@ from outboxer.errors import (
     RetryablePublishError,
 )
 from outboxer.message import Message
+from outboxer.publishers._options import QueryOptions
 
 __all__ = ["KafkaPublisher", "KafkaSettings"]
 
@@ -359,6 +360,7 @@ class KafkaSettings:
             if len(values) > 1:
                 raise ConfigurationError(f"kafka URL: option {name!r} is given more than once")
             options[name] = values[0]
+        read = QueryOptions("kafka URL", options)
         security = options.get("security_protocol")
         if security is None and username is not None:
             security = "sasl_plaintext"  # credentials in the URL mean SASL
@@ -366,10 +368,10 @@ class KafkaSettings:
             bootstrap_servers=",".join(servers),
             source=options.get("source", "outboxer"),
             client_id=options.get("client_id", "outboxer") or "outboxer",
-            auto_create_topics=_bool_option(options, "auto_create_topics", False),
-            linger_ms=_float_option(options, "linger_ms", 1.0),
-            delivery_timeout=_float_option(options, "delivery_timeout", 10.0),
-            missing_topic_timeout=_float_option(options, "missing_topic_timeout", 5.0),
+            auto_create_topics=read.bool("auto_create_topics", False),
+            linger_ms=read.float("linger_ms", 1.0),
+            delivery_timeout=read.float("delivery_timeout", 10.0),
+            missing_topic_timeout=read.float("missing_topic_timeout", 5.0),
             compression=options.get("compression", "none").lower(),
             security_protocol=security.lower() if security else None,
             sasl_mechanism=options["sasl_mechanism"].upper()
@@ -449,28 +451,6 @@ def _parse_server(server: str) -> str:
             f"kafka URL: the port of broker {host} must be a number from 1 to 65535"
         )
     return f"{host}:{int(port_text)}"
-
-
-def _float_option(options: dict[str, str], name: str, default: float) -> float:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigurationError(f"kafka URL: {name}={raw!r} is not a number") from None
-
-
-def _bool_option(options: dict[str, str], name: str, default: bool) -> bool:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    value = raw.strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise ConfigurationError(f"kafka URL: {name}={raw!r}: use true or false")
 
 
 def _ce_time(created_at: dt.datetime) -> str:

@@ -78,7 +78,7 @@ import json
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis, SSLConnection
@@ -103,6 +103,7 @@ from outboxer.errors import (
     RetryablePublishError,
 )
 from outboxer.message import Message
+from outboxer.publishers._options import QueryOptions
 
 __all__ = ["RedisPublisher", "RedisSettings"]
 
@@ -243,6 +244,7 @@ class RedisSettings:
             if len(values) > 1:
                 raise ConfigurationError(f"redis URL: option {name!r} is given more than once")
             options[name] = values[0]
+        read = QueryOptions("redis URL", options)
         return cls(
             host=parts.hostname or "",
             port=port or DEFAULT_PORT,
@@ -250,10 +252,10 @@ class RedisSettings:
             username=unquote(parts.username) if parts.username else None,
             password=unquote(parts.password) if parts.password is not None else None,
             tls=scheme == "rediss",
-            maxlen=_int_option(options, "maxlen"),
-            connect_timeout=_float_option(options, "connect_timeout", 5.0),
-            socket_timeout=_float_option(options, "socket_timeout", 5.0),
-            max_connections=_int_option(options, "max_connections", 16),
+            maxlen=read.int("maxlen"),
+            connect_timeout=read.float("connect_timeout", 5.0),
+            socket_timeout=read.float("socket_timeout", 5.0),
+            max_connections=read.int("max_connections", 16),
             client_name=options.get("client_name", "outboxer") or None,
             ssl_ca_certs=options.get("ssl_ca_certs") or None,
             ssl_cert_reqs=options.get("ssl_cert_reqs", "required"),
@@ -265,30 +267,6 @@ class RedisSettings:
         user = self.username or ""
         credentials = f"{user}:***@" if self.password is not None else (f"{user}@" if user else "")
         return f"{'rediss' if self.tls else 'redis'}://{credentials}{host}:{self.port}/{self.db}"
-
-
-@overload
-def _int_option(options: dict[str, str], name: str) -> int | None: ...
-@overload
-def _int_option(options: dict[str, str], name: str, default: int) -> int: ...
-def _int_option(options: dict[str, str], name: str, default: int | None = None) -> int | None:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigurationError(f"redis URL: {name}={raw!r} is not an integer") from None
-
-
-def _float_option(options: dict[str, str], name: str, default: float) -> float:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigurationError(f"redis URL: {name}={raw!r} is not a number of seconds") from None
 
 
 class RedisPublisher:
