@@ -1,4 +1,5 @@
-"""``outboxer relay`` end to end, for every broker: real processes, real brokers.
+"""``outboxer relay`` end to end, for every broker (Kafka, RabbitMQ, NATS, Redis, HTTP webhooks):
+real processes, real brokers.
 
 For each broker: thousands of messages are delivered exactly once when nothing fails; and when
 the broker disappears behind a TCP proxy for ~20 s while messages keep coming, everything is
@@ -32,6 +33,7 @@ import outboxer
 from outboxer.config import TableNames
 from outboxer.stores.postgres import PostgresStore
 from tests.conftest import require_service, unique_name
+from tests.http_receiver import HttpReceiver
 from tests.tansu import TansuBroker, create_topic, free_port
 from tests.tcp_proxy import TcpProxy
 
@@ -231,7 +233,32 @@ class KafkaBroker:
             await asyncio.to_thread(self.tansu.stop)
 
 
+class HttpBroker:
+    """A recording webhook receiver in the test's own loop; the relay POSTs to it."""
+
+    def __init__(self) -> None:
+        self.receiver = HttpReceiver()
+        self.target = ("127.0.0.1", 0)
+
+    async def start(self) -> None:
+        await self.receiver.start()
+        self.target = ("127.0.0.1", self.receiver.port)
+
+    async def prepare(self, topic: str, via: int | None = None) -> None:
+        return None
+
+    def url(self, port: int) -> str:
+        return f"http://127.0.0.1:{port}/hooks"
+
+    async def delivered_ids(self, topic: str, expected: int) -> list[str]:
+        return [r.header("ce-id") or "" for r in self.receiver.requests]
+
+    async def cleanup(self) -> None:
+        await self.receiver.stop()
+
+
 BROKERS = {
+    "http": HttpBroker,
     "redis": RedisBroker,
     "nats": NatsBroker,
     "rabbitmq": RabbitBroker,
@@ -242,6 +269,9 @@ BROKERS = {
 @pytest.fixture(params=sorted(BROKERS))
 async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
     end: Broker = BROKERS[request.param]()
+    start = getattr(end, "start", None)
+    if start is not None:
+        await start()
     yield end
     await end.cleanup()
 
