@@ -281,6 +281,13 @@ def db_upgrade(database_url: str, schema: str | None, table: str) -> None:
     help="Instance name (default host:pid:random).",
 )
 @click.option(
+    "--hold-keys-after-dead-letter",
+    envvar="OUTBOXER_HOLD_KEYS_AFTER_DEAD_LETTER",
+    show_envvar=True,
+    is_flag=True,
+    help="Ordered mode: keep a key's later messages back while its dead letter is unresolved.",
+)
+@click.option(
     "--webhook-secret",
     envvar="OUTBOXER_WEBHOOK_SECRET",
     show_envvar=True,
@@ -329,6 +336,7 @@ def relay(
     poll_interval: float,
     shutdown_timeout: float,
     relay_id: str | None,
+    hold_keys_after_dead_letter: bool,
     webhook_secret: str | None,
     metrics_port: int,
     metrics_host: str,
@@ -349,6 +357,7 @@ def relay(
             heartbeat_interval=min(5.0, lease_seconds / 3),
             shutdown_timeout=shutdown_timeout,
             relay_id=relay_id,
+            hold_keys_after_dead_letter=hold_keys_after_dead_letter,
         )
     except ConfigurationError as exc:
         _fail(str(exc), EXIT_USAGE)

@@ -99,6 +99,9 @@ class RelaySettings:
         sweep_batch_size: Rows a sweep handles per kind (DESIGN: batches of 50).
         dead_letter_retention: Dead letters older than this many seconds are purged by the
             sweeper; 0 keeps them forever.
+        hold_keys_after_dead_letter: Ordered mode: when a keyed message is dead-lettered, hold
+            its key's later messages until an operator replays or purges it (default: the key
+            continues with its next message).
         relay_id: Name of this instance; defaults to ``hostname:pid:random``.
     """
 
@@ -116,6 +119,7 @@ class RelaySettings:
     sweep_interval: float = 60.0
     sweep_batch_size: int = 50
     dead_letter_retention: float = 30 * 86400.0
+    hold_keys_after_dead_letter: bool = False
     relay_id: str | None = None
 
     def __post_init__(self) -> None:

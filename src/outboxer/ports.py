@@ -227,13 +227,21 @@ class Store(Protocol):
     """Where messages wait: claimed in batches under a lease, settled in one transaction."""
 
     async def claim_batch(
-        self, *, limit: int, lease_seconds: float, ordered: bool, relay_id: str
+        self,
+        *,
+        limit: int,
+        lease_seconds: float,
+        ordered: bool,
+        relay_id: str,
+        hold_dead_keys: bool = False,
     ) -> Claim:
         """Lease up to ``limit`` available messages, oldest first.
 
         With ``ordered``, only the head (oldest remaining message) of each key is eligible, so a
         key's next message is claimable only after its predecessor left the outbox; unkeyed
         messages are always eligible. Messages leased by anyone else are never returned.
+        With ``hold_dead_keys`` (ordered only), a key with a publish dead letter is not claimed
+        until that dead letter is replayed or purged.
         """
         ...
 

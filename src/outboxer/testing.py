@@ -110,12 +110,19 @@ class InMemoryStore:
         return [r.message for r in sorted(self._rows.values(), key=lambda r: r.seq)]
 
     async def claim_batch(
-        self, *, limit: int, lease_seconds: float, ordered: bool, relay_id: str
+        self,
+        *,
+        limit: int,
+        lease_seconds: float,
+        ordered: bool,
+        relay_id: str,
+        hold_dead_keys: bool = False,
     ) -> Claim:
         now = _now()
         token = int.from_bytes(os.urandom(8), "big") >> 1
         claimed: list[Message] = []
         blocked: set[str] = set()  # keys with an older row that is leased or waiting
+        dead_keys = {d.key for _, d in self._dead.values() if d.direction == "publish"}
         for row in sorted(self._rows.values(), key=lambda r: r.seq):
             if len(claimed) >= limit:
                 break
@@ -125,6 +132,8 @@ class InMemoryStore:
                     blocked.add(key)
                 continue
             if ordered and key is not None and key in blocked:
+                continue
+            if ordered and hold_dead_keys and key is not None and key in dead_keys:
                 continue
             row.token, row.locked_by = token, relay_id
             row.locked_until = now + dt.timedelta(seconds=lease_seconds)

@@ -246,3 +246,21 @@ class StoreContract:
         await add("t", {"n": "again"}, id=dead_id)  # the application wrote the id anew
         assert await store.replay_dead_letters(DeadLetterFilter(ids=[dead_id])) == []
         assert (await store.get_dead_letter(dead_id)).id == dead_id
+
+    async def test_a_dead_lettered_key_can_be_held_until_an_operator_acts(
+        self, store: Any, add: Add
+    ) -> None:
+        first = await add("t", {"n": 1}, key="held")
+        second = await add("t", {"n": 2}, key="held")
+        other = await add("t", {"n": 3}, key="free")
+        c = await claim(store, 1)
+        await store.settle(c, Settlement(dead=[(first, "rejected")]))
+        held = await store.claim_batch(
+            limit=10, lease_seconds=30, ordered=True, relay_id=RELAY, hold_dead_keys=True
+        )
+        assert [m.id for m in held.messages] == [other]  # "held" waits, others flow
+        await store.purge_dead_letters(DeadLetterFilter(ids=[first]))
+        released = await store.claim_batch(
+            limit=10, lease_seconds=30, ordered=True, relay_id=RELAY, hold_dead_keys=True
+        )
+        assert [m.id for m in released.messages] == [second]

@@ -195,6 +195,7 @@ class Relay:
                         lease_seconds=settings.lease_seconds,
                         ordered=settings.ordered,
                         relay_id=self.relay_id,
+                        hold_dead_keys=settings.hold_keys_after_dead_letter,
                     )
                 except StoreError as exc:
                     self.observer.store_unavailable("claim")

@@ -251,13 +251,23 @@ class PostgresStore:
     # -- relay ---------------------------------------------------------------------------------
 
     async def claim_batch(
-        self, *, limit: int, lease_seconds: float, ordered: bool, relay_id: str
+        self,
+        *,
+        limit: int,
+        lease_seconds: float,
+        ordered: bool,
+        relay_id: str,
+        hold_dead_keys: bool = False,
     ) -> Claim:
         token = int.from_bytes(os.urandom(8), "big") >> 1  # positive bigint
         query = self._q["claim_ordered" if ordered else "claim_unordered"]
 
+        args: tuple[Any, ...] = (limit, token, relay_id, float(lease_seconds))
+        if ordered:
+            args += (hold_dead_keys,)
+
         async def claim(conn: Conn) -> list[asyncpg.Record]:
-            return list(await conn.fetch(query, limit, token, relay_id, float(lease_seconds)))
+            return list(await conn.fetch(query, *args))
 
         rows = await self._run(claim)
         # RETURNING has no defined order: restore write order for the publisher.

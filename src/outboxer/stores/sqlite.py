@@ -214,10 +214,22 @@ class SqliteStore:
     # -- relay ---------------------------------------------------------------------------------
 
     async def claim_batch(
-        self, *, limit: int, lease_seconds: float, ordered: bool, relay_id: str
+        self,
+        *,
+        limit: int,
+        lease_seconds: float,
+        ordered: bool,
+        relay_id: str,
+        hold_dead_keys: bool = False,
     ) -> Claim:
         token = int.from_bytes(os.urandom(8), "big") >> 1
-        params = {"token": token, "relay": relay_id, "lease": lease_seconds, "limit": limit}
+        params = {
+            "token": token,
+            "relay": relay_id,
+            "lease": lease_seconds,
+            "limit": limit,
+            "hold": hold_dead_keys,
+        }
         query = self._q["claim_ordered" if ordered else "claim_unordered"]
 
         async def claim(conn: aiosqlite.Connection) -> list[sqlite3.Row]:

@@ -41,6 +41,9 @@ WITH candidates AS MATERIALIZED (
     WHERE o.claim_token IS NULL AND o.available_at <= now()
       -- commit-order gate: no transaction older than this row's is still writing
       AND (o.txid IS NULL OR o.txid < pg_snapshot_xmin(pg_current_snapshot()))
+      -- a key whose earlier message is a dead letter stays on hold, if the relay asks so
+      AND (NOT $5::bool OR o.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {dead_letters} d WHERE d.key = o.key AND d.direction = 'publish'))
       AND (o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM (SELECT h.claim_token, h.available_at FROM {outbox} h
                            WHERE h.key = o.key ORDER BY h.seq LIMIT 1) head

@@ -31,6 +31,9 @@ WHERE seq IN (
                            WHERE h.key = o.key ORDER BY h.seq LIMIT 1) head
             WHERE head.claim_token IS NOT NULL
                OR head.available_at > (julianday('now') - 2440587.5) * 86400.0))
+      -- a key whose earlier message is a dead letter stays on hold, if the relay asks so
+      AND (NOT :hold OR o.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {dead_letters} d WHERE d.key = o.key AND d.direction = 'publish'))
       -- no gap (a delayed row) between the key's head and this row
       AND (o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {outbox} g
