@@ -714,7 +714,7 @@ def demo(database: str | None) -> None:
     """The order pipeline and welcome e-mails on SQLite with in-process handlers."""
     from outboxer import demo as demo_module
 
-    logging.getLogger("outboxer").setLevel(logging.WARNING)  # the demo narrates itself
+    logging.getLogger("outboxer").setLevel(logging.ERROR)  # the demo narrates itself
     _run(demo_module.run(database))
 
 
