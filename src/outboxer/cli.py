@@ -281,6 +281,24 @@ def db_upgrade(database_url: str, schema: str | None, table: str) -> None:
     help="Instance name (default host:pid:random).",
 )
 @click.option(
+    "--sweep-interval",
+    envvar="OUTBOXER_SWEEP_INTERVAL",
+    show_envvar=True,
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(1, 86400),
+    help="How often one relay of all runs the sweep (s).",
+)
+@click.option(
+    "--dead-letter-retention",
+    envvar="OUTBOXER_DEAD_LETTER_RETENTION",
+    show_envvar=True,
+    default=30 * 86400.0,
+    show_default=True,
+    type=click.FloatRange(0, None),
+    help="Seconds dead letters are kept before the sweeper purges them; 0 keeps them.",
+)
+@click.option(
     "--hold-keys-after-dead-letter",
     envvar="OUTBOXER_HOLD_KEYS_AFTER_DEAD_LETTER",
     show_envvar=True,
@@ -336,6 +354,8 @@ def relay(
     poll_interval: float,
     shutdown_timeout: float,
     relay_id: str | None,
+    sweep_interval: float,
+    dead_letter_retention: float,
     hold_keys_after_dead_letter: bool,
     webhook_secret: str | None,
     metrics_port: int,
@@ -357,6 +377,8 @@ def relay(
             heartbeat_interval=min(5.0, lease_seconds / 3),
             shutdown_timeout=shutdown_timeout,
             relay_id=relay_id,
+            sweep_interval=sweep_interval,
+            dead_letter_retention=dead_letter_retention,
             hold_keys_after_dead_letter=hold_keys_after_dead_letter,
         )
     except ConfigurationError as exc:
