@@ -33,6 +33,15 @@ EXIT_USAGE = 2
 EXIT_FAILURE = 1
 
 
+def env_option(*declarations: str, **attributes: Any) -> Callable[[F], F]:
+    """``click.option`` that also reads ``OUTBOXER_<NAME>`` and shows it in ``--help``."""
+    name = declarations[0].lstrip("-").replace("-", "_").upper()
+    attributes.setdefault("envvar", f"OUTBOXER_{name}")
+    attributes.setdefault("show_envvar", True)
+    decorator: Callable[[F], F] = click.option(*declarations, **attributes)
+    return decorator
+
+
 def _fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
     click.echo(f"outboxer: error: {message}", err=True)
     sys.exit(code)
@@ -62,24 +71,18 @@ def _names(schema: str | None, table: str) -> TableNames:
 def database_options(function: F) -> F:
     """``--database-url``, ``--schema``, ``--table``, shared by every command that needs a DB."""
     options = [
-        click.option(
+        env_option(
             "--database-url",
-            envvar="OUTBOXER_DATABASE_URL",
-            show_envvar=True,
             required=True,
             help="postgresql://user@host/db or sqlite:///path.db",
         ),
-        click.option(
+        env_option(
             "--schema",
-            envvar="OUTBOXER_SCHEMA",
-            show_envvar=True,
             default=None,
             help="Schema of the outbox tables (PostgreSQL). Default: the connection's.",
         ),
-        click.option(
+        env_option(
             "--table",
-            envvar="OUTBOXER_TABLE",
-            show_envvar=True,
             default="outbox",
             show_default=True,
             help="Outbox table name; the other tables are named after it.",
@@ -115,18 +118,14 @@ def _with_store(action: Callable[[Store], Awaitable[T]], url: str, names: TableN
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="outboxer")
-@click.option(
+@env_option(
     "--log-level",
-    envvar="OUTBOXER_LOG_LEVEL",
-    show_envvar=True,
     default="INFO",
     show_default=True,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
-@click.option(
+@env_option(
     "--log-format",
-    envvar="OUTBOXER_LOG_FORMAT",
-    show_envvar=True,
     default="text",
     show_default=True,
     type=click.Choice(["text", "json"], case_sensitive=False),
@@ -175,164 +174,124 @@ def db_upgrade(database_url: str, schema: str | None, table: str) -> None:
 
 @main.command()
 @database_options
-@click.option(
+@env_option(
     "--broker",
-    envvar="OUTBOXER_BROKER",
-    show_envvar=True,
     required=True,
     help="kafka://…, amqp://…, nats://…, redis://…, http(s)://… or inprocess://module:registry",
 )
-@click.option(
+@env_option(
     "--unordered",
-    envvar="OUTBOXER_UNORDERED",
-    show_envvar=True,
     is_flag=True,
     help="Give up per-key ordering for throughput.",
 )
-@click.option(
+@env_option(
     "--batch-size",
-    envvar="OUTBOXER_BATCH_SIZE",
-    show_envvar=True,
     default=500,
     show_default=True,
     type=click.IntRange(1, 10_000),
 )
-@click.option(
+@env_option(
     "--window",
-    envvar="OUTBOXER_WINDOW",
-    show_envvar=True,
     default=4,
     show_default=True,
     type=click.IntRange(1, 64),
     help="Batches published at once (duplicates after a crash ≤ window × batch size).",
 )
-@click.option(
+@env_option(
     "--max-attempts",
-    envvar="OUTBOXER_MAX_ATTEMPTS",
-    show_envvar=True,
     default=3,
     show_default=True,
     type=click.IntRange(1, 1000),
 )
-@click.option(
+@env_option(
     "--lease-seconds",
-    envvar="OUTBOXER_LEASE_SECONDS",
-    show_envvar=True,
     default=30.0,
     show_default=True,
     type=click.FloatRange(1, 3600),
 )
-@click.option(
+@env_option(
     "--retry-base",
-    envvar="OUTBOXER_RETRY_BASE",
-    show_envvar=True,
     default=1.0,
     show_default=True,
     type=click.FloatRange(0.001, 3600),
     help="First per-message retry delay (s); doubles per attempt.",
 )
-@click.option(
+@env_option(
     "--retry-cap",
-    envvar="OUTBOXER_RETRY_CAP",
-    show_envvar=True,
     default=300.0,
     show_default=True,
     type=click.FloatRange(0.001, 86400),
 )
-@click.option(
+@env_option(
     "--outage-base",
-    envvar="OUTBOXER_OUTAGE_BASE",
-    show_envvar=True,
     default=5.0,
     show_default=True,
     type=click.FloatRange(0.001, 3600),
     help="First pause (s) when the broker is down; doubles per failed round.",
 )
-@click.option(
+@env_option(
     "--outage-cap",
-    envvar="OUTBOXER_OUTAGE_CAP",
-    show_envvar=True,
     default=60.0,
     show_default=True,
     type=click.FloatRange(0.001, 3600),
 )
-@click.option(
+@env_option(
     "--poll-interval",
-    envvar="OUTBOXER_POLL_INTERVAL",
-    show_envvar=True,
     default=1.0,
     show_default=True,
     type=click.FloatRange(0.01, 60),
     help="Longest idle wait between claims without a notification (s).",
 )
-@click.option(
+@env_option(
     "--shutdown-timeout",
-    envvar="OUTBOXER_SHUTDOWN_TIMEOUT",
-    show_envvar=True,
     default=30.0,
     show_default=True,
     type=click.FloatRange(0, 3600),
 )
-@click.option(
+@env_option(
     "--relay-id",
-    envvar="OUTBOXER_RELAY_ID",
-    show_envvar=True,
     default=None,
     help="Instance name (default host:pid:random).",
 )
-@click.option(
+@env_option(
     "--sweep-interval",
-    envvar="OUTBOXER_SWEEP_INTERVAL",
-    show_envvar=True,
     default=60.0,
     show_default=True,
     type=click.FloatRange(1, 86400),
     help="How often one relay of all runs the sweep (s).",
 )
-@click.option(
+@env_option(
     "--dead-letter-retention",
-    envvar="OUTBOXER_DEAD_LETTER_RETENTION",
-    show_envvar=True,
     default=30 * 86400.0,
     show_default=True,
     type=click.FloatRange(0, None),
     help="Seconds dead letters are kept before the sweeper purges them; 0 keeps them.",
 )
-@click.option(
+@env_option(
     "--hold-keys-after-dead-letter",
-    envvar="OUTBOXER_HOLD_KEYS_AFTER_DEAD_LETTER",
-    show_envvar=True,
     is_flag=True,
     help="Ordered mode: keep a key's later messages back while its dead letter is unresolved.",
 )
-@click.option(
+@env_option(
     "--webhook-secret",
-    envvar="OUTBOXER_WEBHOOK_SECRET",
-    show_envvar=True,
     default=None,
     help="HMAC-SHA256 key signing http(s):// webhook requests.",
 )
-@click.option(
+@env_option(
     "--metrics-port",
-    envvar="OUTBOXER_METRICS_PORT",
-    show_envvar=True,
     default=0,
     show_default=True,
     type=click.IntRange(0, 65535),
     help="Serve Prometheus /metrics of this relay on this port (0: off).",
 )
-@click.option(
+@env_option(
     "--metrics-host",
-    envvar="OUTBOXER_METRICS_HOST",
-    show_envvar=True,
     default="0.0.0.0",
     show_default=True,
     help="Interface of the /metrics server.",
 )
-@click.option(
+@env_option(
     "--tracing",
-    envvar="OUTBOXER_TRACING",
-    show_envvar=True,
     is_flag=True,
     help="OpenTelemetry publish spans continuing the trace stored at enqueue (exporter from "
     "OTEL_* variables). On by itself under opentelemetry-instrument.",
@@ -751,25 +710,19 @@ def _default_consumer_name(handlers: str) -> str:
 
 @main.command()
 @database_options
-@click.option(
+@env_option(
     "--broker",
-    envvar="OUTBOXER_BROKER",
-    show_envvar=True,
     required=True,
     help="kafka://…, amqp://…, nats://… or redis://… plus the broker's consumer options "
     "(see docs/inbox.md).",
 )
-@click.option(
+@env_option(
     "--handlers",
-    envvar="OUTBOXER_HANDLERS",
-    show_envvar=True,
     required=True,
     help="The HandlerRegistry to run, as package.module:attribute.",
 )
-@click.option(
+@env_option(
     "--consumer-name",
-    envvar="OUTBOXER_CONSUMER_NAME",
-    show_envvar=True,
     default=None,
     help="Inbox name; also the Kafka group, RabbitMQ queue, NATS durable prefix and Redis "
     "group. Default: the handlers module.",
@@ -801,10 +754,8 @@ def _default_consumer_name(handlers: str) -> str:
     type=click.IntRange(1, 256),
     help="Messages of different keys handled at once (one key: one at a time, in order).",
 )
-@click.option(
+@env_option(
     "--batch-transactions",
-    envvar="OUTBOXER_BATCH_TRANSACTIONS",
-    show_envvar=True,
     is_flag=True,
     help="One inbox transaction per batch chunk instead of per message: 2-3x the throughput, "
     "but a crash repeats the external side effects of the whole chunk (see docs/inbox.md).",
@@ -844,37 +795,29 @@ def _default_consumer_name(handlers: str) -> str:
     type=click.FloatRange(0.01, 3600),
     help="How often due failed consumptions are re-driven (s).",
 )
-@click.option(
+@env_option(
     "--inbox-retention",
-    envvar="OUTBOXER_INBOX_RETENTION",
-    show_envvar=True,
     default=7 * 86400.0,
     show_default=True,
     type=click.FloatRange(1, None),
     help="Seconds an inbox row is kept; must exceed the broker's redelivery horizon.",
 )
-@click.option(
+@env_option(
     "--sweep-interval",
-    envvar="OUTBOXER_SWEEP_INTERVAL",
-    show_envvar=True,
     default=60.0,
     show_default=True,
     type=click.FloatRange(0, 86400),
     help="How often this consumer offers to run the shared sweep (s); 0: leave it to others.",
 )
-@click.option(
+@env_option(
     "--shutdown-timeout",
-    envvar="OUTBOXER_SHUTDOWN_TIMEOUT",
-    show_envvar=True,
     default=30.0,
     show_default=True,
     type=click.FloatRange(0, 3600),
     help="How long the batch in progress may take after SIGTERM/SIGINT.",
 )
-@click.option(
+@env_option(
     "--app-dir",
-    envvar="OUTBOXER_APP_DIR",
-    show_envvar=True,
     default=".",
     show_default=True,
     type=click.Path(file_okay=False),
@@ -973,42 +916,32 @@ async def _consume(
 
 @main.command()
 @database_options
-@click.option(
+@env_option(
     "--host",
-    envvar="OUTBOXER_HOST",
-    show_envvar=True,
     default="127.0.0.1",
     show_default=True,
     help="Interface to listen on (0.0.0.0 for every interface).",
 )
-@click.option(
+@env_option(
     "--port",
-    envvar="OUTBOXER_PORT",
-    show_envvar=True,
     default=8080,
     show_default=True,
     type=click.IntRange(0, 65535),
 )
-@click.option(
+@env_option(
     "--admin-token",
-    envvar="OUTBOXER_ADMIN_TOKEN",
-    show_envvar=True,
     default=None,
     help="Bearer token required on /api/; without it reads are open and replay/delete refused.",
 )
-@click.option(
+@env_option(
     "--ready-max-age",
-    envvar="OUTBOXER_READY_MAX_AGE",
-    show_envvar=True,
     default=300.0,
     show_default=True,
     type=click.FloatRange(0.001, None),
     help="/readyz fails when the oldest pending message is older (seconds).",
 )
-@click.option(
+@env_option(
     "--ready-min-relays",
-    envvar="OUTBOXER_READY_MIN_RELAYS",
-    show_envvar=True,
     default=1,
     show_default=True,
     type=click.IntRange(0, None),
