@@ -51,6 +51,15 @@ async def write_messages(pg_url: str, schema: str, stream: str, count: int, keys
         await conn.close()
 
 
+def relay_args(pg_url: str, schema: str, broker: str) -> list[str]:
+    """Small batches, a short lease and a fast outage backoff: many kills in a short run."""
+    return [
+        "--database-url", pg_url, "--schema", schema, "--broker", broker,
+        "--batch-size", str(BATCH), "--window", str(WINDOW), "--lease-seconds", "3",
+        "--outage-base", "0.5", "--outage-cap", "2", "--poll-interval", "0.2",
+    ]  # fmt: skip
+
+
 class Relays:
     """N ``outboxer relay`` processes that can be killed and restarted."""
 
@@ -137,26 +146,7 @@ async def test_four_relays_killed_at_random_with_a_broker_outage(
         await write_messages(pg_url, pg_schema, redis_stream, total, keys)
         async with TcpProxy("127.0.0.1", 6379) as proxy:
             relays = Relays(
-                [
-                    "--database-url",
-                    pg_url,
-                    "--schema",
-                    pg_schema,
-                    "--broker",
-                    f"redis://127.0.0.1:{proxy.port}/0",
-                    "--batch-size",
-                    str(BATCH),
-                    "--window",
-                    str(WINDOW),
-                    "--lease-seconds",
-                    "3",
-                    "--outage-base",
-                    "0.5",
-                    "--outage-cap",
-                    "2",
-                    "--poll-interval",
-                    "0.2",
-                ],
+                relay_args(pg_url, pg_schema, f"redis://127.0.0.1:{proxy.port}/0"),
                 4,
                 tmp_path,
             )
@@ -202,26 +192,7 @@ async def test_postgresql_restart_mid_run_loses_nothing(
         await store.migrate()
         await write_messages(pg_url, pg_schema, redis_stream, total, 100)
     relays = Relays(
-        [
-            "--database-url",
-            pg_url,
-            "--schema",
-            pg_schema,
-            "--broker",
-            "redis://127.0.0.1:6379/0",
-            "--batch-size",
-            str(BATCH),
-            "--window",
-            str(WINDOW),
-            "--lease-seconds",
-            "3",
-            "--outage-base",
-            "0.5",
-            "--outage-cap",
-            "2",
-            "--poll-interval",
-            "0.2",
-        ],
+        relay_args(pg_url, pg_schema, "redis://127.0.0.1:6379/0"),
         2,
         tmp_path,
     )

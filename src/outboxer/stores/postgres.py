@@ -52,6 +52,7 @@ from outboxer.stores._common import (
     parse_cursor,
     sweep_report,
 )
+from outboxer.stores._inbox import InboxSteps
 
 __all__ = ["PostgresStore"]
 
@@ -89,7 +90,7 @@ def normalize_url(url: str) -> str:
     return f"postgresql://{rest}"
 
 
-class PostgresStore:
+class PostgresStore(InboxSteps):
     """The outbox in PostgreSQL.
 
     Args:
@@ -572,22 +573,17 @@ class PostgresStore:
             assert row is not None  # a SELECT of two expressions always returns a row
             if not row["fresh"]:
                 return "duplicate"
-            if row["blocked"]:
-                reason = f"waiting behind an earlier failed message of key {message.key!r}"
-                await self._insert_consume_failure(
-                    conn, consumer, message, 0, ConsumeFailure(reason, 0.0)
-                )
-                return "waiting"
-            error = await self._run_handler_in_savepoint(conn, handler, message, 1)
-            if error is None:
-                return "handled"
-            failure = on_failure(message, 1, error)
-            await self._insert_consume_failure(conn, consumer, message, 1, failure)
-            if failure.retry_in is None:
-                await self._dead_letter_consumed(conn, message, 1, failure.reason)
-                return "dead"
-            await conn.execute(self._q["inbox_set_retrying"], consumer, message.id)
-            return "retrying"
+            return await self._handle_fresh_delivery(
+                conn,
+                consumer,
+                message,
+                blocked=row["blocked"],
+                handler=handler,
+                on_failure=on_failure,
+            )
+
+    async def _set_retrying(self, conn: Conn, consumer: str, message_id: str) -> None:
+        await conn.execute(self._q["inbox_set_retrying"], consumer, message_id)
 
     async def redrive_consume_failures(
         self,
@@ -665,9 +661,8 @@ class PostgresStore:
             )
             return "retrying"
 
-    @staticmethod
     async def _run_handler_in_savepoint(
-        conn: Conn, handler: InboxHandler, message: Message, attempt: int
+        self, conn: Conn, handler: InboxHandler, message: Message, attempt: int
     ) -> Exception | None:
         """Run the handler inside a savepoint; return its exception after undoing its writes.
 

@@ -53,6 +53,7 @@ from outboxer.stores._common import (
     sweep_report,
     to_datetime,
 )
+from outboxer.stores._inbox import InboxSteps
 
 __all__ = ["SqliteStore", "path_from_url"]
 
@@ -78,7 +79,7 @@ def path_from_url(url: str) -> str:
     return path
 
 
-class SqliteStore:
+class SqliteStore(InboxSteps):
     """The outbox in a SQLite database file.
 
     Args:
@@ -507,22 +508,14 @@ class SqliteStore:
         cursor = await conn.execute(self._q["inbox_insert"], params)
         if cursor.rowcount == 0:
             return "duplicate"
-        if blocked:
-            reason = f"waiting behind an earlier failed message of key {message.key!r}"
-            await self._insert_consume_failure(
-                conn, consumer, message, 0, ConsumeFailure(reason, 0.0)
-            )
-            return "waiting"
-        error = await self._run_handler_in_savepoint(conn, handler, message, 1)
-        if error is None:
-            return "handled"
-        failure = on_failure(message, 1, error)
-        await self._insert_consume_failure(conn, consumer, message, 1, failure)
-        if failure.retry_in is None:
-            await self._dead_letter_consumed(conn, message, 1, failure.reason)
-            return "dead"
-        await conn.execute(self._q["inbox_set_retrying"], base)
-        return "retrying"
+        return await self._handle_fresh_delivery(
+            conn, consumer, message, blocked=blocked, handler=handler, on_failure=on_failure
+        )
+
+    async def _set_retrying(
+        self, conn: aiosqlite.Connection, consumer: str, message_id: str
+    ) -> None:
+        await conn.execute(self._q["inbox_set_retrying"], {"consumer": consumer, "id": message_id})
 
     async def redrive_consume_failures(
         self,
@@ -603,9 +596,8 @@ class SqliteStore:
         )
         return "retrying"
 
-    @staticmethod
     async def _run_handler_in_savepoint(
-        conn: aiosqlite.Connection, handler: InboxHandler, message: Message, attempt: int
+        self, conn: aiosqlite.Connection, handler: InboxHandler, message: Message, attempt: int
     ) -> Exception | None:
         """Run the handler inside a savepoint; return its exception after undoing its writes."""
         await conn.execute("SAVEPOINT outboxer_handler")
