@@ -12,6 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTBOXER = str(Path(sys.executable).parent / "outboxer")
+#: The subprocess imports this checkout's ``outboxer`` (src/) first, whichever copy is installed.
+PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
 
 
 class Cli:
@@ -52,7 +54,7 @@ def sink(tmp_path: Path) -> Path:
 @pytest.fixture
 def cli(sink: Path) -> Cli:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = PYTHONPATH
     env["OUTBOXER_TEST_SINK"] = str(sink)
     return Cli(env)
 

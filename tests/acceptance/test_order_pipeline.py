@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.acceptance.conftest import OUTBOXER
+from tests.acceptance.conftest import OUTBOXER, PYTHONPATH
 from tests.conftest import unique_name
 from tests.tansu import create_topic, free_port, kafka_bootstrap  # noqa: F401 - a fixture
 
@@ -34,7 +34,7 @@ TOKEN = "order-pipeline-test-token-0123456789"
 
 def environment(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOXER_", "ORDERS_"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = PYTHONPATH
     env.update(extra)
     return env
 

@@ -34,7 +34,7 @@ from examples.user_registration import app
 from outboxer.message import Message
 from outboxer.publishers.rabbitmq import RabbitMQPublisher
 from outboxer.stores.postgres import PostgresStore
-from tests.acceptance.conftest import OUTBOXER, ROOT
+from tests.acceptance.conftest import OUTBOXER, PYTHONPATH, ROOT
 from tests.conftest import require_service, unique_name
 from tests.tansu import free_port
 
@@ -174,7 +174,7 @@ async def test_every_user_gets_exactly_one_welcome_email(
     broker = f"{AMQP}?exchange={exchange}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
     env.update(
-        PYTHONPATH=str(ROOT),
+        PYTHONPATH=PYTHONPATH,
         SMTP_PORT=str(smtp_port),
         EXAMPLE_SCHEMA=pg_schema,
         DATABASE_URL=pg_url,

@@ -13,14 +13,14 @@ import pytest
 from outboxer.message import Message
 from outboxer.ports import ConsumeFailure
 from outboxer.stores.postgres import PostgresStore
-from tests.acceptance.conftest import OUTBOXER, ROOT, assert_one_line_error
+from tests.acceptance.conftest import OUTBOXER, PYTHONPATH, ROOT, assert_one_line_error
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def outboxer(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = PYTHONPATH
     return subprocess.run(
         [OUTBOXER, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=30
     )

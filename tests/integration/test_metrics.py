@@ -44,6 +44,7 @@ from outboxer.ports import RelayInfo
 from outboxer.relay import NoopObserver, Relay
 from outboxer.stores.postgres import PostgresStore
 from outboxer.testing import InMemoryStore, RecordingPublisher
+from tests.acceptance.conftest import PYTHONPATH
 from tests.conftest import require_service, wait_past_commit_gate
 from tests.tansu import free_port
 
@@ -325,7 +326,7 @@ def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
 
 def relay_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = PYTHONPATH
     return env
 
 

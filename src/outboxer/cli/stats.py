@@ -1,0 +1,38 @@
+"""``outboxer stats``: the figures operators watch."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from outboxer.cli._common import table_names, with_store
+from outboxer.cli.options import database_options, json_option
+from outboxer.ports import Store
+
+
+@click.command()
+@database_options
+@json_option
+def stats(database_url: str, schema: str | None, table: str, as_json: bool) -> None:
+    """Pending, in flight, dead letters, oldest pending age, live relays."""
+
+    async def read(store: Store) -> dict[str, Any]:
+        result: dict[str, Any] = (await store.stats()).to_json()
+        return result
+
+    figures = with_store(read, database_url, table_names(schema, table))
+    if as_json:
+        click.echo(json.dumps(figures, indent=2))
+        return
+    age = figures["oldest_pending_age_seconds"]
+    click.echo(f"pending             {figures['pending']}")
+    click.echo(f"in flight           {figures['in_flight']}")
+    click.echo(f"dead letters        {figures['dead_letters']}")
+    click.echo(f"oldest pending age  {'-' if age is None else f'{age:.1f}s'}")
+    click.echo(f"live relays         {len(figures['relays'])}")
+    for r in figures["relays"]:
+        click.echo(f"  {r['relay_id']}  in flight {r['in_flight']}  heartbeat {r['heartbeat_at']}")
+    sweep = figures["last_sweep"]
+    click.echo(f"last sweep          {'-' if sweep is None else json.dumps(sweep)}")
