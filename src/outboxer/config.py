@@ -103,6 +103,9 @@ class RelaySettings:
             its key's later messages until an operator replays or purges it (default: the key
             continues with its next message).
         relay_id: Name of this instance; defaults to ``hostname:pid:random``.
+        max_task_restarts: A background task (heartbeat, sweeper) that dies is restarted after
+            the ``retry`` backoff; after this many deaths in a row the relay stops and raises
+            ``RelayFailed`` (a bug that restarting does not cure must not run on silently).
     """
 
     batch_size: int = 500
@@ -121,6 +124,7 @@ class RelaySettings:
     dead_letter_retention: float = 30 * 86400.0
     hold_keys_after_dead_letter: bool = False
     relay_id: str | None = None
+    max_task_restarts: int = 5
 
     def __post_init__(self) -> None:
         checks = {
@@ -135,6 +139,7 @@ class RelaySettings:
             "sweep_interval": self.sweep_interval > 0,
             "sweep_batch_size": self.sweep_batch_size >= 1,
             "dead_letter_retention": self.dead_letter_retention >= 0,
+            "max_task_restarts": self.max_task_restarts >= 0,
         }
         for name, ok in checks.items():
             if not ok:

@@ -12,6 +12,7 @@ a driver to handle a failure.
     │   ├── StoreUnavailable       the database cannot be reached right now (retry later)
     │   └── SchemaError            the outbox tables are missing or at an unknown version
     ├── NotFound                   a dead letter or other named object does not exist
+    ├── RelayFailed                the relay stopped because a background task kept dying
     ├── PermanentHandlerError      a handler says retrying can never help: dead-letter at once
     │   └── UndecodablePayload     the payload does not decode into the handler's type
     └── PublishError               one message could not be published
@@ -31,6 +32,7 @@ __all__ = [
     "PermanentHandlerError",
     "PermanentPublishError",
     "PublishError",
+    "RelayFailed",
     "RetryablePublishError",
     "SchemaError",
     "StoreError",
@@ -61,6 +63,12 @@ class SchemaError(StoreError):
 
 class NotFound(OutboxerError, LookupError):
     """A named object (a dead letter, a handler registry) does not exist."""
+
+
+class RelayFailed(OutboxerError):
+    """The relay stopped itself: a background task (heartbeat, sweeper) died
+    ``max_task_restarts`` times in a row, a bug that restarting does not cure. The cause is
+    chained; the CLI exits non-zero."""
 
 
 class PermanentHandlerError(OutboxerError):

@@ -7,15 +7,18 @@ import itertools
 import time
 from collections.abc import Sequence
 
+import pytest
+
 from outboxer.config import Backoff, RelaySettings
 from outboxer.errors import (
     BrokerUnavailable,
     PermanentPublishError,
     PublishError,
+    RelayFailed,
     RetryablePublishError,
 )
 from outboxer.message import Message
-from outboxer.ports import DeadLetterFilter
+from outboxer.ports import DeadLetterFilter, SweepReport
 from outboxer.relay import Relay
 from outboxer.testing import InMemoryStore, RecordingPublisher
 
@@ -180,17 +183,94 @@ async def test_stop_timeout_releases_the_batch_for_other_relays() -> None:
     assert [m.id for m in store.pending_messages] == ids
 
 
-async def test_unexpected_publisher_exception_counts_as_a_retry() -> None:
+async def test_a_publisher_bug_is_an_outage_not_the_messages_fault() -> None:
+    store = InMemoryStore()
+    ids = [store.enqueue("t", {"n": n}, key=str(n % 3)) for n in range(12)]
+    broken = {"calls": 5}
+
+    class NotOpenYet(RecordingPublisher):
+        async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+            if broken["calls"]:
+                broken["calls"] -= 1
+                raise RuntimeError("publisher is not open")
+            return await super().publish(messages)
+
+    publisher = NotOpenYet()
+    relay = Relay(store, publisher, settings(max_attempts=2, outage=Backoff(0.01, 2, 0.05)))
+    counters = await relay.drain(timeout=10)
+    assert broken["calls"] == 0  # the bug lasted five calls, more than max_attempts rounds
+    assert sorted(m.id for m in publisher.messages) == sorted(ids)
+    assert [m.attempts for m in publisher.messages] == [0] * 12  # no attempt was counted
+    assert (await store.stats()).dead_letters == 0
+    assert counters.dead_lettered == 0 and counters.retried == 0 and counters.outages >= 1
+
+
+async def test_a_wrong_number_of_results_is_an_outage_too() -> None:
     store = InMemoryStore()
     message_id = store.enqueue("t", {"n": 1})
+    wrong = {"calls": 4}
 
-    class Buggy(RecordingPublisher):
+    class Miscounting(RecordingPublisher):
         async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
-            raise KeyError("bug")
+            if wrong["calls"]:
+                wrong["calls"] -= 1
+                return []
+            return await super().publish(messages)
 
-    await Relay(store, Buggy(), settings(max_attempts=2)).drain(timeout=5)
-    dead = await store.get_dead_letter(message_id)
-    assert dead.attempts == 2 and "KeyError" in dead.failure_reason
+    publisher = Miscounting()
+    relay = Relay(store, publisher, settings(max_attempts=1, outage=Backoff(0.01, 2, 0.05)))
+    await relay.drain(timeout=10)
+    assert [(m.id, m.attempts) for m in publisher.messages] == [(message_id, 0)]
+
+
+class SweepFails(InMemoryStore):
+    """A store whose sweep raises what a bug would (not a StoreError) a few times."""
+
+    def __init__(self, errors: list[Exception], *, forever: Exception | None = None) -> None:
+        super().__init__()
+        self.errors = errors
+        self.forever = forever
+        self.sweeps = 0
+
+    async def sweep(
+        self, *, sweeper: str, interval: float, retention_seconds: float, batch_size: int
+    ) -> SweepReport | None:
+        self.sweeps += 1
+        if self.forever is not None:
+            raise self.forever
+        if self.errors:
+            raise self.errors.pop(0)
+        return await super().sweep(
+            sweeper=sweeper,
+            interval=interval,
+            retention_seconds=retention_seconds,
+            batch_size=batch_size,
+        )
+
+
+async def test_a_dying_sweeper_is_restarted_and_leases_are_still_reaped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = SweepFails([RuntimeError("bug"), OverflowError("interval out of range")])
+    orphan = store.enqueue("t", {"n": 1})
+    # A relay that died holding a lease: only the sweeper can give the message back.
+    await store.claim_batch(limit=1, lease_seconds=0.3, ordered=True, relay_id="dead")
+    publisher = RecordingPublisher()
+    relay = Relay(store, publisher, settings(lease_seconds=0.2, heartbeat_interval=0.1))
+    await relay.drain(timeout=10)
+    assert [m.id for m in publisher.messages] == [orphan]
+    assert store.errors == [] and store.sweeps >= 3  # it died twice and kept running
+    deaths = [r for r in caplog.records if "background task sweeper died" in r.getMessage()]
+    assert len(deaths) == 2 and all(r.exc_info for r in deaths)  # logged with the traceback
+
+
+async def test_a_background_task_that_keeps_dying_stops_the_relay_loudly() -> None:
+    store = SweepFails([], forever=RuntimeError("bug"))
+    relay = Relay(store, RecordingPublisher(), settings(max_task_restarts=2))
+    with pytest.raises(RelayFailed, match="sweeper died 3 times in a row") as failed:
+        await asyncio.wait_for(relay.run(), timeout=10)
+    assert isinstance(failed.value.__cause__, RuntimeError)
+    assert store.sweeps == 3
 
 
 async def test_unordered_mode_publishes_a_whole_key_at_once() -> None:

@@ -8,11 +8,21 @@ case. Idle relays wait on the store's doorbell (NOTIFY) with an adaptive polling
 What a failure does:
 
 - ``None`` result: acknowledged → removed from the outbox.
-- ``RetryablePublishError`` (or any unexpected exception): one attempt counted, retried after the
-  per-message backoff; dead-lettered once ``max_attempts`` is reached. Other messages flow on.
+- ``RetryablePublishError``: one attempt counted, retried after the per-message backoff;
+  dead-lettered once ``max_attempts`` is reached. Other messages flow on.
 - ``PermanentPublishError``: dead-lettered at once (retrying cannot help).
 - ``BrokerUnavailable``: no attempt counted, the batch is released, and the whole relay pauses
   claiming along the outage backoff (5, 10, 20, 40, 60 s ...) until a publish succeeds.
+- Anything else the publisher raises (or a wrong number of results) is a bug of the publisher or
+  its lifecycle ("publisher is not open"), not of the messages: it is logged with its traceback
+  and handled as an outage, so one bug never dead-letters the outbox.
+
+Background tasks (heartbeat, sweeper) are supervised: a task that dies is logged with its
+traceback and restarted after a backoff; one that keeps dying (``max_task_restarts`` deaths in a
+row) stops the relay, and :meth:`Relay.run` raises :class:`~outboxer.errors.RelayFailed`.
+
+Time is read from the running event loop (``loop.time()``), never from the wall clock, so a test
+can run the relay on an event loop with virtual time (``tests/simulation``).
 """
 
 from __future__ import annotations
@@ -24,8 +34,7 @@ import logging
 import os
 import secrets
 import socket
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +43,7 @@ from outboxer.errors import (
     BrokerUnavailable,
     PermanentPublishError,
     PublishError,
-    RetryablePublishError,
+    RelayFailed,
     StoreError,
 )
 from outboxer.message import Message
@@ -117,6 +126,9 @@ class Relay:
         self._outage_failures = 0
         self._outage_until = 0.0
         self._store_failures = 0
+        self._background: dict[str, asyncio.Task[None]] = {}
+        self._task_deaths: dict[str, int] = {}
+        self._fatal: RelayFailed | None = None
 
     # -- public ------------------------------------------------------------------------------
 
@@ -157,14 +169,14 @@ class Relay:
         with contextlib.suppress(StoreError):
             last = await self.store.last_sweep()
             log.info("last sweep: %s", last.to_json() if last else "none yet")
-        background = [
-            asyncio.create_task(self._heartbeat_loop(), name="outboxer-heartbeat"),
-            asyncio.create_task(self._sweeper_loop(), name="outboxer-sweeper"),
-        ]
+        self._supervise("heartbeat", self._heartbeat_loop)
+        self._supervise("sweeper", self._sweeper_loop)
         try:
             await self._claim_loop(until_empty)
         finally:
             await self._finish_in_flight()
+            background = list(self._background.values())
+            self._background.clear()
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -173,7 +185,63 @@ class Relay:
             self.observer.relay_stopped(self.info)
             log.info("relay %s stopped: %s", self.relay_id, self.counters)
             current_relay_id.reset(relay_id_token)
+        if self._fatal is not None:
+            raise self._fatal
         return self.counters
+
+    # -- supervision of background tasks -----------------------------------------------------
+
+    def _supervise(self, name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``loop`` as a background task that is restarted when it dies.
+
+        The loops handle the failures they expect (``StoreError``) themselves; anything else
+        ends the task, and :meth:`_background_ended` decides: restart after a backoff, or, when
+        the task died ``max_task_restarts`` times in a row, stop the relay loudly.
+        """
+        if self._stop.is_set():
+            return
+        task = asyncio.create_task(loop(), name=f"outboxer-{name}")
+        self._background[name] = task
+        task.add_done_callback(lambda done: self._background_ended(name, loop, done))
+
+    def _background_ended(
+        self,
+        name: str,
+        loop: Callable[[], Coroutine[Any, Any, None]],
+        task: asyncio.Task[None],
+    ) -> None:
+        if self._background.get(name) is task:
+            del self._background[name]
+        if task.cancelled() or self._stop.is_set():
+            return  # the relay is stopping: it cancelled the task
+        error: BaseException = task.exception() or RuntimeError("the task returned")
+        deaths = self._task_deaths[name] = self._task_deaths.get(name, 0) + 1
+        if deaths > self.settings.max_task_restarts:
+            log.critical(
+                "background task %s died %d times in a row: stopping the relay",
+                name,
+                deaths,
+                exc_info=error,
+            )
+            self._fatal = RelayFailed(
+                f"background task {name} died {deaths} times in a row: {_reason(error)}"
+            )
+            self._fatal.__cause__ = error
+            self.stop()
+            return
+        delay = self.settings.retry.delay(deaths)
+        log.error(
+            "background task %s died (%d in a row): restarting in %.1fs",
+            name,
+            deaths,
+            delay,
+            exc_info=error,
+        )
+        asyncio.get_running_loop().call_later(delay, self._supervise, name, loop)
+
+    def _task_healthy(self, name: str) -> None:
+        """A background loop completed a round: its deaths are no longer "in a row"."""
+        self._task_deaths.pop(name, None)
 
     async def _claim_loop(self, until_empty: bool) -> None:
         settings = self.settings
@@ -183,12 +251,12 @@ class Relay:
             await self._window.acquire()
             started = False
             try:
-                wait = self._outage_until - time.monotonic()
+                wait = self._outage_until - self._now()
                 if wait > 0:
                     await self._sleep(wait)
                     continue
                 busy, settled = len(self._in_flight), self._settled_batches
-                claim_started = time.monotonic()
+                claim_started = self._now()
                 try:
                     claim = await self.store.claim_batch(
                         limit=settings.batch_size,
@@ -205,7 +273,7 @@ class Relay:
                     await self._sleep(delay)
                     continue
                 self._store_failures = 0
-                self.observer.claimed(len(claim.messages), time.monotonic() - claim_started)
+                self.observer.claimed(len(claim.messages), self._now() - claim_started)
                 if claim.messages:
                     idle = settings.min_poll_interval
                     if busy:
@@ -249,6 +317,11 @@ class Relay:
         self.observer.in_flight(len(self._in_flight))
         if not task.cancelled() and task.exception() is not None:
             log.error("delivery task failed", exc_info=task.exception())
+
+    @staticmethod
+    def _now() -> float:
+        # The event loop's clock (monotonic), so that a loop with virtual time drives the relay.
+        return asyncio.get_running_loop().time()
 
     async def _outbox_empty(self) -> bool:
         stats = await self.store.stats()
@@ -303,6 +376,7 @@ class Relay:
             except StoreError as exc:
                 self.observer.heartbeat(False)
                 log.warning("heartbeat failed: %s", exc)
+            self._task_healthy("heartbeat")
             await asyncio.sleep(self.settings.heartbeat_interval)
 
     async def _sweeper_loop(self) -> None:
@@ -326,6 +400,8 @@ class Relay:
             except StoreError as exc:
                 self.observer.store_unavailable("sweep")
                 log.warning("sweep failed: %s", exc)
+            else:
+                self._task_healthy("sweeper")
             await asyncio.sleep(tick)
 
     # -- one batch ---------------------------------------------------------------------------
@@ -336,9 +412,9 @@ class Relay:
             if self.settings.ordered:
                 await self._publish_in_waves(claim.messages, settlement)
             else:
-                started = time.monotonic()
+                started = self._now()
                 results = await self._publish(claim.messages)
-                self._classify(claim.messages, results, settlement, time.monotonic() - started)
+                self._classify(claim.messages, results, settlement, self._now() - started)
         except asyncio.CancelledError:
             # Shutdown ran out of time: settle what is known, hand the rest back at once so
             # another relay can take it without waiting for the lease to expire.
@@ -375,9 +451,9 @@ class Relay:
             held = [m.id for m in wave if m.key in blocked]
             settlement.released.extend(held)
             self.counters.released += len(held)
-            started = time.monotonic()
+            started = self._now()
             results = await self._publish(todo)
-            outage = self._classify(todo, results, settlement, time.monotonic() - started)
+            outage = self._classify(todo, results, settlement, self._now() - started)
             blocked.update(m.key for m, r in zip(todo, results, strict=True) if r is not None)
             if outage:
                 rest = [m.id for later in waves[n + 1 :] for m in later]
@@ -393,11 +469,21 @@ class Relay:
         except PublishError as exc:
             return [exc] * len(messages)
         except Exception as exc:
-            log.exception("publisher raised unexpectedly")
-            return [RetryablePublishError(f"publisher failed: {exc!r}")] * len(messages)
+            # A bug of the publisher or of its lifecycle, not the messages' fault: counting an
+            # attempt would dead-letter the whole outbox in max_attempts rounds. Handled as an
+            # outage (no attempt, the relay pauses) and logged with the traceback.
+            log.exception("publisher raised unexpectedly: handled as an outage")
+            outage = BrokerUnavailable(f"publisher failed unexpectedly: {exc!r}")
+            return [outage] * len(messages)
         if len(results) != len(messages):
-            error = RetryablePublishError("publisher returned a wrong number of results")
-            return [error] * len(messages)
+            log.error(
+                "publisher returned %d results for %d messages: handled as an outage",
+                len(results),
+                len(messages),
+            )
+            return [BrokerUnavailable("publisher returned a wrong number of results")] * len(
+                messages
+            )
         return results
 
     def _classify(
@@ -460,7 +546,7 @@ class Relay:
         return False
 
     def _broker_down(self, error: BrokerUnavailable) -> None:
-        now = time.monotonic()
+        now = self._now()
         if now < self._outage_until:
             return  # another batch of the same round already backed off
         self._outage_failures += 1
@@ -472,7 +558,7 @@ class Relay:
 
     async def _settle(self, claim: Claim, settlement: Settlement) -> None:
         """Settle, retrying while the database is away and the lease still holds."""
-        deadline = time.monotonic() + self.settings.lease_seconds
+        deadline = self._now() + self.settings.lease_seconds
         failures = 0
         while True:
             try:
@@ -482,7 +568,7 @@ class Relay:
                 self.observer.store_unavailable("settle")
                 failures += 1
                 delay = min(0.1 * 2**failures, 5.0)
-                if time.monotonic() + delay > deadline:
+                if self._now() + delay > deadline:
                     # The lease runs out: another relay will publish these again (the
                     # duplicates the at-least-once contract allows after a failure).
                     log.error("could not settle batch, lease will expire: %s", exc)
