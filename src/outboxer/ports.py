@@ -1,8 +1,22 @@
 """The Protocols the core is written against.
 
 Stores (PostgreSQL, SQLite, the in-memory fake) and publishers (in-process handlers, Kafka, ...)
-implement these; the relay, the CLI and the admin API only ever see these types. Adapters carry
-their own driver-specific settings in their constructors, never as extra arguments here.
+implement these; the relay, the inbox, the CLI and the admin API only ever see these types.
+Adapters carry their own driver-specific settings in their constructors, never as extra
+arguments here.
+
+The store ports are split by who uses them:
+
+- :class:`RelayStore`: the relay (claim, settle, doorbell, registry, leases; it also sweeps
+  and reads the counts to know when a drain is done);
+- :class:`SweeperStore`: whoever offers to run the periodic sweep (relays, consumers);
+- :class:`StatsStore` and :class:`DeadLetterStore` (together :class:`AdminStore`): operators,
+  through the CLI and the admin API;
+- :class:`SchemaStore`: ``outboxer db upgrade`` and the start-up schema check;
+- :class:`InboxStore`: the inbox of consumers.
+
+:class:`Store` is their union (what :class:`~outboxer.testing.InMemoryStore` implements) and
+:class:`DatabaseStore` adds schema management and a lifecycle (what ``open_store`` returns).
 """
 
 from __future__ import annotations
@@ -10,28 +24,35 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 from outboxer.errors import PublishError
 from outboxer.message import Message
 
 __all__ = [
+    "AdminStore",
     "Claim",
     "ConsumeFailure",
     "ConsumeOutcome",
     "DeadLetter",
     "DeadLetterFilter",
     "DeadLetterPage",
+    "DeadLetterStore",
+    "DatabaseStore",
     "FailurePolicy",
     "InboxHandler",
     "InboxStore",
     "OutboxStats",
     "Publisher",
     "RelayInfo",
+    "RelayStore",
     "Retry",
+    "SchemaStore",
+    "StatsStore",
     "SweepReport",
     "Settlement",
     "Store",
+    "SweeperStore",
 ]
 
 
@@ -170,7 +191,7 @@ class RelayInfo:
 
 @dataclass(frozen=True, slots=True)
 class SweepReport:
-    """What the last sweep did (persisted; see ``Store.sweep``)."""
+    """What the last sweep did (persisted; see ``SweeperStore.sweep``)."""
 
     started_at: dt.datetime
     completed_at: dt.datetime
@@ -222,9 +243,44 @@ class OutboxStats:
         }
 
 
+# -- the stores, split by who uses them ------------------------------------------------------
+#
+# A store implements all of these; each caller depends only on the part it uses, so a test
+# double (or a new store) need not fake the rest, and a reader sees at the signature what a
+# component may do to the outbox.
+
+
 @runtime_checkable
-class Store(Protocol):
-    """Where messages wait: claimed in batches under a lease, settled in one transaction."""
+class SweeperStore(Protocol):
+    """What runs the periodic sweep (relays and consumers offer to; one instance at a time)."""
+
+    async def sweep(
+        self, *, sweeper: str, interval: float, retention_seconds: float, batch_size: int
+    ) -> SweepReport | None:
+        """Run one sweep unless another instance is sweeping or the last one is younger than
+        ``interval`` seconds (then return ``None``). Only one instance sweeps at a time (a
+        database lock); the report is persisted. Dead letters older than
+        ``retention_seconds`` (0 = keep) are purged, ``batch_size`` at a time."""
+        ...
+
+    async def last_sweep(self) -> SweepReport | None:
+        """The persisted report of the last completed sweep."""
+        ...
+
+
+@runtime_checkable
+class StatsStore(Protocol):
+    """Figures for operators (CLI ``stats``, admin API, ``/readyz``) and the relay's drain."""
+
+    async def stats(self) -> OutboxStats:
+        """Counts and ages for operators."""
+        ...
+
+
+@runtime_checkable
+class RelayStore(SweeperStore, StatsStore, Protocol):
+    """What the relay needs: claims and settlements under a lease, its doorbell, its registry
+    entry, taking back expired leases; plus the sweep it runs and the counts ``drain`` reads."""
 
     async def claim_batch(
         self,
@@ -253,19 +309,6 @@ class Store(Protocol):
         """Make messages whose lease ran out claimable again; return how many."""
         ...
 
-    async def sweep(
-        self, *, sweeper: str, interval: float, retention_seconds: float, batch_size: int
-    ) -> SweepReport | None:
-        """Run one sweep unless another instance is sweeping or the last one is younger than
-        ``interval`` seconds (then return ``None``). Only one instance sweeps at a time (a
-        database lock); the report is persisted. Dead letters older than
-        ``retention_seconds`` (0 = keep) are purged, ``batch_size`` at a time."""
-        ...
-
-    async def last_sweep(self) -> SweepReport | None:
-        """The persisted report of the last completed sweep."""
-        ...
-
     async def wait_for_messages(self, timeout: float) -> bool:
         """Return True when new messages may have been committed, False after ``timeout``."""
         ...
@@ -278,9 +321,10 @@ class Store(Protocol):
         """Remove a relay instance that stops cleanly."""
         ...
 
-    async def stats(self) -> OutboxStats:
-        """Counts and ages for operators."""
-        ...
+
+@runtime_checkable
+class DeadLetterStore(Protocol):
+    """Dead-letter tooling for operators (CLI ``dlq``, admin API)."""
 
     async def list_dead_letters(
         self, flt: DeadLetterFilter, *, limit: int, cursor: str | None
@@ -298,6 +342,32 @@ class Store(Protocol):
 
     async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         """Delete matching dead letters; return their ids."""
+        ...
+
+
+@runtime_checkable
+class AdminStore(StatsStore, DeadLetterStore, Protocol):
+    """What the admin API and the operator commands of the CLI use."""
+
+
+@runtime_checkable
+class SchemaStore(Protocol):
+    """Schema management (``outboxer db upgrade``, the start-up check of every command)."""
+
+    async def migrate(self, target: int | None = None) -> list[int]:
+        """Create or upgrade the schema; returns the versions applied (empty when current).
+
+        ``target`` stops at that version (tests of the upgrade path); concurrent upgrades are
+        safe and a failed upgrade leaves nothing behind.
+        """
+        ...
+
+    async def schema_version(self) -> int:
+        """The installed schema version, 0 when outboxer's tables do not exist."""
+        ...
+
+    async def check_schema(self) -> None:
+        """Raise ``SchemaError`` unless the schema is exactly at this version of outboxer."""
         ...
 
 
@@ -404,3 +474,22 @@ class InboxStore(Protocol):
         """Run ``handler`` again for up to ``limit`` failed consumptions that are due, oldest
         first, only the earliest waiting message of each key; one transaction each."""
         ...
+
+
+@runtime_checkable
+class Store(RelayStore, AdminStore, InboxStore, Protocol):
+    """Every port a store offers its users (the relay, operators, consumers), as one type.
+
+    The in-memory fake (:class:`outboxer.testing.InMemoryStore`) is one. Inside outboxer each
+    component asks for the narrow port it uses instead.
+    """
+
+
+@runtime_checkable
+class DatabaseStore(Store, SchemaStore, Protocol):
+    """A store in a database, as ``outboxer.stores.open_store`` returns it: every port, schema
+    management, and a lifecycle (``async with store:`` opens and closes its connections)."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc_info: object) -> None: ...

@@ -2,6 +2,8 @@
 
 Subclass it with a ``store`` fixture (migrated, empty) and an ``add`` fixture:
 ``add(topic, payload, **options) -> id`` that commits one message through the write API.
+Each test uses the narrow port (``RelayStore``, ``SweeperStore``, ``AdminStore``) that the
+component it stands for uses; the first test checks the store offers every one of them.
 """
 
 from __future__ import annotations
@@ -9,26 +11,51 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import pytest
 
 from outboxer.errors import ConfigurationError, NotFound
-from outboxer.ports import DeadLetterFilter, Retry, Settlement
+from outboxer.ports import (
+    AdminStore,
+    Claim,
+    DeadLetterFilter,
+    DeadLetterStore,
+    InboxStore,
+    RelayStore,
+    Retry,
+    Settlement,
+    StatsStore,
+    Store,
+    SweeperStore,
+)
 
 Add = Callable[..., Awaitable[str]]
 RELAY = "relay-under-test"
 
 
-async def claim(store: Any, limit: int = 100, *, ordered: bool = True, lease: float = 30.0) -> Any:
+async def claim(
+    store: RelayStore, limit: int = 100, *, ordered: bool = True, lease: float = 30.0
+) -> Claim:
     return await store.claim_batch(
         limit=limit, lease_seconds=lease, ordered=ordered, relay_id=RELAY
     )
 
 
 class StoreContract:
+    def test_the_store_offers_every_port(self, store: Store) -> None:
+        for port in (
+            RelayStore,
+            SweeperStore,
+            StatsStore,
+            DeadLetterStore,
+            AdminStore,
+            InboxStore,
+            Store,
+        ):
+            assert isinstance(store, port), port.__name__
+
     async def test_claim_returns_messages_in_write_order_with_their_fields(
-        self, store: Any, add: Add
+        self, store: Store, add: Add
     ) -> None:
         ids = [
             await add("orders", {"n": n}, key=f"k{n}", type="OrderCreated", headers={"h": "v"})
@@ -44,7 +71,7 @@ class StoreContract:
         assert first.attempts == 0
         assert first.created_at.tzinfo is not None
 
-    async def test_claimed_messages_are_not_claimed_again(self, store: Any, add: Add) -> None:
+    async def test_claimed_messages_are_not_claimed_again(self, store: Store, add: Add) -> None:
         for n in range(10):
             await add("t", {"n": n})
         first = await claim(store, 6, ordered=False)
@@ -53,7 +80,7 @@ class StoreContract:
         assert not {m.id for m in first.messages} & {m.id for m in second.messages}
         assert (await claim(store)).messages == []
 
-    async def test_ack_removes_and_stats_count(self, store: Any, add: Add) -> None:
+    async def test_ack_removes_and_stats_count(self, store: Store, add: Add) -> None:
         for n in range(4):
             await add("t", {"n": n})
         c = await claim(store, 3)
@@ -64,7 +91,7 @@ class StoreContract:
         stats = await store.stats()
         assert (stats.pending, stats.in_flight, stats.dead_letters) == (1, 0, 0)
 
-    async def test_stale_claim_token_changes_nothing(self, store: Any, add: Add) -> None:
+    async def test_stale_claim_token_changes_nothing(self, store: Store, add: Add) -> None:
         """Fencing: after a lease expired and another relay claimed, the old owner is inert."""
         await add("t", {"n": 1})
         stale = await claim(store, lease=0.2)
@@ -80,7 +107,7 @@ class StoreContract:
         await store.settle(fresh, Settlement(published=[message_id]))
         assert (await store.stats()).in_flight == 0
 
-    async def test_retry_counts_an_attempt_and_waits(self, store: Any, add: Add) -> None:
+    async def test_retry_counts_an_attempt_and_waits(self, store: Store, add: Add) -> None:
         message_id = await add("t", {"n": 1})
         c = await claim(store)
         await store.settle(c, Settlement(retries=[Retry(message_id, 0.3, "boom")]))
@@ -90,14 +117,14 @@ class StoreContract:
         assert [m.id for m in again.messages] == [message_id]
         assert again.messages[0].attempts == 1
 
-    async def test_release_counts_no_attempt(self, store: Any, add: Add) -> None:
+    async def test_release_counts_no_attempt(self, store: Store, add: Add) -> None:
         message_id = await add("t", {"n": 1})
         c = await claim(store)
         await store.settle(c, Settlement(released=[message_id]))
         again = await claim(store)
         assert [m.attempts for m in again.messages] == [0]
 
-    async def test_delayed_message_waits_for_available_at(self, store: Any, add: Add) -> None:
+    async def test_delayed_message_waits_for_available_at(self, store: Store, add: Add) -> None:
         later = await add("t", {"n": 1}, available_at=dt.timedelta(seconds=0.5))
         now = await add("t", {"n": 2})
         assert [m.id for m in (await claim(store)).messages] == [now]
@@ -105,7 +132,7 @@ class StoreContract:
         assert [m.id for m in (await claim(store)).messages] == [later]
 
     async def test_ordered_claim_takes_a_key_only_behind_its_predecessor(
-        self, store: Any, add: Add
+        self, store: Store, add: Add
     ) -> None:
         a1 = await add("t", {"n": 1}, key="a")
         a2 = await add("t", {"n": 2}, key="a")
@@ -119,7 +146,7 @@ class StoreContract:
         await store.settle(first, Settlement(published=[a1, a2]))
         assert [m.id for m in (await claim(store)).messages] == [a3]
 
-    async def test_a_failing_head_blocks_only_its_key(self, store: Any, add: Add) -> None:
+    async def test_a_failing_head_blocks_only_its_key(self, store: Store, add: Add) -> None:
         a1 = await add("t", {"n": 1}, key="a")
         await add("t", {"n": 2}, key="a")
         b1 = await add("t", {"n": 3}, key="b")
@@ -129,7 +156,7 @@ class StoreContract:
         assert [m.id for m in (await claim(store)).messages] == [b1]
 
     async def test_dead_letter_keeps_every_field_and_frees_the_key(
-        self, store: Any, add: Add
+        self, store: Store, add: Add
     ) -> None:
         a1 = await add("orders", {"order": 1}, key="o1", type="OrderCreated", headers={"x": "y"})
         a2 = await add("orders", {"order": 2}, key="o1", type="OrderCreated")
@@ -158,13 +185,15 @@ class StoreContract:
         }
         assert shape["payload"] == {"order": 1}
 
-    async def _dead_letters(self, store: Any, add: Add, count: int, topic: str = "t") -> list[str]:
+    async def _dead_letters(
+        self, store: Store, add: Add, count: int, topic: str = "t"
+    ) -> list[str]:
         ids = [await add(topic, {"n": n}, type="T", key=f"k{n}") for n in range(count)]
         c = await claim(store, count)
         await store.settle(c, Settlement(dead=[(i, f"reason {i}") for i in ids]))
         return ids
 
-    async def test_dead_letters_page_newest_first(self, store: Any, add: Add) -> None:
+    async def test_dead_letters_page_newest_first(self, store: Store, add: Add) -> None:
         ids = await self._dead_letters(store, add, 5)
         seen, cursor = [], None
         while True:
@@ -179,7 +208,7 @@ class StoreContract:
         with pytest.raises(ConfigurationError):
             await store.list_dead_letters(DeadLetterFilter(), limit=5, cursor="not-a-cursor")
 
-    async def test_filters_select_dead_letters(self, store: Any, add: Add) -> None:
+    async def test_filters_select_dead_letters(self, store: Store, add: Add) -> None:
         await self._dead_letters(store, add, 2, topic="a")
         b = await self._dead_letters(store, add, 3, topic="b")
         page = await store.list_dead_letters(DeadLetterFilter(topic="b"), limit=10, cursor=None)
@@ -188,7 +217,7 @@ class StoreContract:
         assert {d.key for d in page.items} == {"k1"} and len(page.items) == 2
 
     async def test_replay_moves_back_with_same_id_and_attempts_reset(
-        self, store: Any, add: Add
+        self, store: Store, add: Add
     ) -> None:
         ids = await self._dead_letters(store, add, 3)
         assert await store.replay_dead_letters(DeadLetterFilter(ids=[ids[1]])) == [ids[1]]
@@ -201,13 +230,13 @@ class StoreContract:
         )
         assert (await store.stats()).dead_letters == 0
 
-    async def test_purge_deletes(self, store: Any, add: Add) -> None:
+    async def test_purge_deletes(self, store: Store, add: Add) -> None:
         ids = await self._dead_letters(store, add, 3)
         assert await store.purge_dead_letters(DeadLetterFilter(ids=[ids[0], "nope"])) == [ids[0]]
         assert sorted(await store.purge_dead_letters(DeadLetterFilter())) == sorted(ids[1:])
         assert (await store.stats()).dead_letters == 0
 
-    async def test_relays_register_by_heartbeat(self, store: Any, add: Add) -> None:
+    async def test_relays_register_by_heartbeat(self, store: Store, add: Add) -> None:
         from outboxer.relay import Relay
         from outboxer.testing import RecordingPublisher
 
@@ -219,7 +248,7 @@ class StoreContract:
         assert (await store.stats()).relays == []
 
     async def test_sweep_reports_reaped_leases_and_new_dead_letters(
-        self, store: Any, add: Add
+        self, store: Store, add: Add
     ) -> None:
         first = await add("t", {"n": 1})
         second = await add("t", {"n": 2})
@@ -240,7 +269,7 @@ class StoreContract:
         assert (await store.stats()).last_sweep == report
 
     async def test_replay_leaves_a_dead_letter_whose_id_is_back_in_the_outbox(
-        self, store: Any, add: Add
+        self, store: Store, add: Add
     ) -> None:
         [dead_id] = await self._dead_letters(store, add, 1)
         await add("t", {"n": "again"}, id=dead_id)  # the application wrote the id anew
@@ -248,7 +277,7 @@ class StoreContract:
         assert (await store.get_dead_letter(dead_id)).id == dead_id
 
     async def test_a_dead_lettered_key_can_be_held_until_an_operator_acts(
-        self, store: Any, add: Add
+        self, store: Store, add: Add
     ) -> None:
         first = await add("t", {"n": 1}, key="held")
         second = await add("t", {"n": 2}, key="held")

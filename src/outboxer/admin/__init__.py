@@ -1,6 +1,7 @@
 """Admin HTTP API, Prometheus metrics and dashboard (``pip install 'outboxer[admin]'``).
 
-An adapter like the stores: it sees only the :class:`~outboxer.ports.Store` Protocol.
+An adapter like the stores: it sees only the :class:`~outboxer.ports.AdminStore` Protocol
+(stats and dead letters).
 ``outboxer serve`` runs it; to mount it in your own ASGI service::
 
     from outboxer.admin import create_app

@@ -1,4 +1,5 @@
-"""The admin HTTP API and dashboard: a FastAPI app over any :class:`~outboxer.ports.Store`.
+"""The admin HTTP API and dashboard: a FastAPI app over any
+:class:`~outboxer.ports.AdminStore`.
 
 Two factories:
 
@@ -53,7 +54,7 @@ from outboxer.errors import (
     SchemaError,
     StoreError,
 )
-from outboxer.ports import DeadLetterFilter, OutboxStats, Store
+from outboxer.ports import AdminStore, DeadLetterFilter, OutboxStats
 
 __all__ = ["AdminSettings", "create_app", "create_app_from_url"]
 
@@ -269,9 +270,9 @@ _MUTATION_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _store(request: Request) -> Store:
+def _store(request: Request) -> AdminStore:
     """The store of the app serving this request (a mounted sub-app has its own)."""
-    store: Store = request.app.state.store
+    store: AdminStore = request.app.state.store
     return store
 
 
@@ -280,7 +281,7 @@ def _settings(request: Request) -> AdminSettings:
     return settings
 
 
-StoreDep = Annotated[Store, Depends(_store)]
+StoreDep = Annotated[AdminStore, Depends(_store)]
 
 
 def _text(value: str | None, where: str) -> str | None:
@@ -480,7 +481,7 @@ async def dashboard() -> FileResponse:
 
 
 def create_app(
-    store: Store,
+    store: AdminStore,
     *,
     token: str | None,
     ready_max_age: float = 300.0,
@@ -584,7 +585,7 @@ def _unprocessable(loc: Sequence[str], message: str) -> RequestValidationError:
     return RequestValidationError([{"loc": tuple(loc), "msg": message, "type": "value_error"}])
 
 
-async def _bulk_filter(store: Store, body: DeadLetterFilterBody) -> DeadLetterFilter:
+async def _bulk_filter(store: AdminStore, body: DeadLetterFilterBody) -> DeadLetterFilter:
     """The store filter for a bulk body; with ``ids``, refuse (404) unless all exist."""
     if body.ids is None:
         return DeadLetterFilter(topic=body.topic, type=body.type, key=body.key)
@@ -606,7 +607,7 @@ def _ids_for_log(ids: list[str]) -> str:
     return ", ".join(ids[:20]) + (f" (+{len(ids) - 20} more)" if len(ids) > 20 else "")
 
 
-async def _read_stats(store: Store, timeout: float) -> tuple[OutboxStats | None, str]:
+async def _read_stats(store: AdminStore, timeout: float) -> tuple[OutboxStats | None, str]:
     """Stats, or ``None`` and why not: probes report a broken database, they never crash."""
     try:
         return await asyncio.wait_for(store.stats(), timeout), ""
@@ -617,7 +618,7 @@ async def _read_stats(store: Store, timeout: float) -> tuple[OutboxStats | None,
         return None, f"{type(exc).__name__}: {exc}"
 
 
-async def _readiness(store: Store, settings: AdminSettings) -> dict[str, Any]:
+async def _readiness(store: AdminStore, settings: AdminSettings) -> dict[str, Any]:
     """Every check with ``ok`` and a ``detail`` sentence; ready only when all are ok."""
     stats, error = await _read_stats(store, settings.stats_timeout)
     checks: dict[str, dict[str, Any]] = {}

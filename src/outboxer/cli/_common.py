@@ -13,7 +13,7 @@ import click
 
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError, NotFound, OutboxerError
-from outboxer.ports import Store
+from outboxer.ports import AdminStore, DatabaseStore
 
 T = TypeVar("T")
 
@@ -48,7 +48,9 @@ def table_names(schema: str | None, table: str) -> TableNames:
 
 
 @contextlib.asynccontextmanager
-async def open_store(url: str, names: TableNames, *, check: bool = True) -> AsyncIterator[Any]:
+async def open_store(
+    url: str, names: TableNames, *, check: bool = True
+) -> AsyncIterator[DatabaseStore]:
     from outboxer.stores import store_from_url
 
     store = store_from_url(url, names)
@@ -58,7 +60,7 @@ async def open_store(url: str, names: TableNames, *, check: bool = True) -> Asyn
         yield store
 
 
-def with_store(action: Callable[[Store], Awaitable[T]], url: str, names: TableNames) -> T:
+def with_store(action: Callable[[AdminStore], Awaitable[T]], url: str, names: TableNames) -> T:
     async def main() -> T:
         async with open_store(url, names) as store:
             return await action(store)

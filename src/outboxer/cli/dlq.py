@@ -13,7 +13,7 @@ from outboxer.cli._common import EXIT_USAGE, fail, table_names, with_store
 from outboxer.cli.options import F, database_options, json_option
 from outboxer.config import TableNames
 from outboxer.errors import OutboxerError
-from outboxer.ports import DeadLetter, DeadLetterFilter, Store
+from outboxer.ports import AdminStore, DeadLetter, DeadLetterFilter
 
 
 @click.group()
@@ -67,7 +67,7 @@ def dlq_list(
     """List dead letters, newest first."""
     flt = DeadLetterFilter(topic=topic, type=type_, key=key)
 
-    async def read(store: Store) -> Any:
+    async def read(store: AdminStore) -> Any:
         return await store.list_dead_letters(flt, limit=limit, cursor=cursor)
 
     page = with_store(read, database_url, table_names(schema, table))
@@ -89,7 +89,7 @@ def dlq_show(
 ) -> None:
     """One dead letter with payload, reason and attempts."""
 
-    async def read(store: Store) -> DeadLetter:
+    async def read(store: AdminStore) -> DeadLetter:
         return await store.get_dead_letter(dead_letter_id)
 
     body = with_store(read, database_url, table_names(schema, table)).to_json()
@@ -112,7 +112,7 @@ def _bulk_filter(
 
 def _bulk(
     verb: str,
-    action: Callable[[Store, DeadLetterFilter], Awaitable[list[str]]],
+    action: Callable[[AdminStore, DeadLetterFilter], Awaitable[list[str]]],
     database_url: str,
     names: TableNames,
     flt: DeadLetterFilter,
@@ -120,7 +120,7 @@ def _bulk(
 ) -> None:
     progress = not as_json and sys.stderr.isatty()
 
-    async def run(store: Store) -> list[str]:
+    async def run(store: AdminStore) -> list[str]:
         if progress:
             return await _bulk_in_chunks(store, verb, action, flt)
         return await action(store, flt)
@@ -142,9 +142,9 @@ BULK_CHUNK = 500
 
 
 async def _bulk_in_chunks(
-    store: Store,
+    store: AdminStore,
     verb: str,
-    action: Callable[[Store, DeadLetterFilter], Awaitable[list[str]]],
+    action: Callable[[AdminStore, DeadLetterFilter], Awaitable[list[str]]],
     flt: DeadLetterFilter,
 ) -> list[str]:
     """Bulk replay/purge with a progress bar on stderr (a terminal, no ``--json``).

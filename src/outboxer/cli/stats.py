@@ -9,7 +9,7 @@ import click
 
 from outboxer.cli._common import table_names, with_store
 from outboxer.cli.options import database_options, json_option
-from outboxer.ports import Store
+from outboxer.ports import AdminStore
 
 
 @click.command()
@@ -18,7 +18,7 @@ from outboxer.ports import Store
 def stats(database_url: str, schema: str | None, table: str, as_json: bool) -> None:
     """Pending, in flight, dead letters, oldest pending age, live relays."""
 
-    async def read(store: Store) -> dict[str, Any]:
+    async def read(store: AdminStore) -> dict[str, Any]:
         result: dict[str, Any] = (await store.stats()).to_json()
         return result
 

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from outboxer.inbox.inbox import Inbox, InboxCounters
 from outboxer.message import Message
-from outboxer.ports import Store
+from outboxer.ports import SweeperStore
 
 __all__ = ["BrokerConsumer", "Deliver", "run_consumer"]
 
@@ -55,7 +55,7 @@ async def run_consumer(
     inbox: Inbox,
     broker: BrokerConsumer,
     *,
-    sweeper: Store | None = None,
+    sweeper: SweeperStore | None = None,
     shutdown_timeout: float = 30.0,
 ) -> InboxCounters:
     """Consume until :meth:`Inbox.stop <outboxer.inbox.inbox.Inbox.stop>` is called; returns

@@ -40,7 +40,7 @@ from outboxer.config import Backoff
 from outboxer.errors import ConfigurationError, OutboxerError, PermanentPublishError, StoreError
 from outboxer.inbox.registry import HandlerContext, HandlerRegistry, PermanentHandlerError
 from outboxer.message import Message
-from outboxer.ports import ConsumeFailure, ConsumeOutcome, InboxStore, Store
+from outboxer.ports import ConsumeFailure, ConsumeOutcome, InboxStore, SweeperStore
 
 __all__ = [
     "ConsumerStopping",
@@ -99,7 +99,7 @@ class InboxSettings:
             side effects (e-mails, HTTP calls) of every handler of the chunk that had run, not
             just of the message in progress. Database effects stay exactly-once either way.
         sweep_interval: How often this consumer offers to run the sweep (one instance of all
-            relays and consumers runs it, see ``Store.sweep``); 0 disables.
+            relays and consumers runs it, see ``SweeperStore.sweep``); 0 disables.
         sweep_batch_size: Dead letters purged per sweep (the sweep's ``batch_size``).
         dead_letter_retention: Dead letters older than this are purged by the sweep; 0 keeps.
     """
@@ -367,7 +367,7 @@ class Inbox:
                 continue  # a key may have become unblocked
             await asyncio.sleep(self.settings.redrive_interval)
 
-    async def run_sweeps(self, store: Store) -> None:
+    async def run_sweeps(self, store: SweeperStore) -> None:
         """Offer to run the shared sweep every ``sweep_interval`` until cancelled; the store's
         lock lets one instance (relay or consumer) sweep at a time. It counts the consume
         retries and failures, purges expired inbox rows and old dead letters."""

@@ -47,7 +47,7 @@ from outboxer.errors import (
     StoreError,
 )
 from outboxer.message import Message
-from outboxer.ports import Claim, Publisher, RelayInfo, Retry, Settlement, Store
+from outboxer.ports import Claim, Publisher, RelayInfo, RelayStore, Retry, Settlement
 from outboxer.relay.observer import (
     GuardedObserver,
     NoopObserver,
@@ -97,7 +97,7 @@ class Relay:
 
     def __init__(
         self,
-        store: Store,
+        store: RelayStore,
         publisher: Publisher,
         settings: RelaySettings | None = None,
         *,
