@@ -26,20 +26,20 @@ from outboxer.errors import ConfigurationError, StoreUnavailable
 from outboxer.outbox import Outbox
 from outboxer.ports import OutboxStats, RelayInfo, Settlement, Store
 from outboxer.stores.postgres import PostgresStore
+from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore
 from tests.acceptance.conftest import OUTBOXER, ROOT
 
 TOKEN = "test-admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+JSON_TYPE = {"Content-Type": "application/json"}
 
 Client = httpx.AsyncClient
 MakeDead = Callable[..., Awaitable[list[str]]]
 
 
-def client_for(app: Any, **options: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app, **options), base_url="http://admin.test"
-    )
+def client_for(app: Any, base_url: str = "http://localhost:8080", **options: Any) -> Client:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, **options), base_url=base_url)
 
 
 @pytest.fixture
@@ -233,7 +233,9 @@ async def test_stats_are_the_figures_of_the_cli(
     assert api["oldest_pending_age_seconds"] >= 0
 
 
-async def test_openapi_schema_and_docs_are_published(admin: Client) -> None:
+async def test_openapi_schema_is_published_without_pages_loading_cdn_scripts(
+    admin: Client,
+) -> None:
     schema = (await admin.get("/openapi.json")).json()
     assert {
         "/api/deadletters",
@@ -247,7 +249,9 @@ async def test_openapi_schema_and_docs_are_published(admin: Client) -> None:
     } <= set(schema["paths"])
     assert set(schema["paths"]["/api/deadletters/{dead_letter_id}"]) == {"get", "delete"}
     assert "HTTPBearer" in schema["components"]["securitySchemes"]
-    assert (await admin.get("/docs")).status_code == 200
+    # Swagger UI and ReDoc load unpinned scripts from a CDN on the API's origin: off.
+    for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        assert_problem(await admin.get(page), 404)
 
 
 async def test_dashboard_is_served_with_its_assets_and_a_strict_policy(admin: Client) -> None:
@@ -467,6 +471,14 @@ BAD_REQUESTS = [
     ("POST", "/api/deadletters/replay", b"{}", 422),  # replaying everything must be explicit
     ("POST", "/api/deadletters/replay", b'{"all": false}', 422),
     ("POST", "/api/deadletters/replay", b'{"all": "yes please"}', 422),
+    # Strict booleans: lax parsing would read each of these as "replay everything".
+    ("POST", "/api/deadletters/replay", b'{"all": "yes"}', 422),
+    ("POST", "/api/deadletters/replay", b'{"all": 1}', 422),
+    ("POST", "/api/deadletters/replay", b'{"all": "on"}', 422),
+    ("POST", "/api/deadletters/replay", b'{"all": "true"}', 422),
+    ("POST", "/api/deadletters/purge", b'{"all": "yes"}', 422),
+    ("POST", "/api/deadletters/purge", b'{"all": 1}', 422),
+    ("POST", "/api/deadletters/purge", b'{"all": "on"}', 422),
     ("POST", "/api/deadletters/replay", b'{"topik": "orders"}', 422),
     ("POST", "/api/deadletters/replay", b'{"topic": "orders", "all": true}', 422),
     ("POST", "/api/deadletters/replay", b'{"ids": []}', 422),
@@ -542,6 +554,141 @@ async def test_store_failures_are_json_errors_never_stack_traces(
     detail = assert_problem(response, 500)
     assert "secret" not in detail
     assert any("secret internals" in str(r.exc_info) for r in caplog.records)  # logged
+
+
+# -- hostile requests ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "host", ["evil.example", "evil.example:8080", "localhost.evil.example", "", "[::1", "a:b"]
+)
+async def test_a_host_the_server_is_not_named_is_refused(
+    pg_store: PostgresStore, host: str
+) -> None:
+    """DNS rebinding: a page of evil.example that resolves to 127.0.0.1 reaches a tokenless
+    server, but its requests say ``Host: evil.example``."""
+    async with client_for(create_app(pg_store, token=None)) as client:
+        for path in ("/api/stats", "/api/deadletters", "/", "/readyz", "/openapi.json"):
+            detail = assert_problem(await client.get(path, headers={"Host": host}), 400)
+            assert "--allowed-host" in detail
+
+
+@pytest.mark.parametrize(
+    "host", ["localhost", "LOCALHOST:8080", "127.0.0.1:9", "[::1]:8080", "10.1.2.3", "admin.ops"]
+)
+async def test_the_server_answers_to_its_own_names_and_addresses(
+    pg_store: PostgresStore, host: str
+) -> None:
+    app = create_app(pg_store, token=None, allowed_hosts=["admin.ops"])
+    async with client_for(app) as client:
+        response = await client.get("/api/stats", headers={"Host": host})
+    assert response.status_code == 200, response.text
+
+
+async def test_allowed_hosts_accept_a_domain_or_anything() -> None:
+    store = InMemoryStore()
+    async with client_for(create_app(store, token=None, allowed_hosts=[".ops.example"])) as c:
+        for host, status in [("ops.example", 200), ("a.ops.example", 200), ("xops.example", 400)]:
+            assert (await c.get("/healthz", headers={"Host": host})).status_code == status, host
+    async with client_for(create_app(store, token=None, allowed_hosts=["*"])) as c:
+        assert (await c.get("/healthz", headers={"Host": "any.where"})).status_code == 200
+
+
+async def test_a_body_over_the_limit_is_refused_with_413(
+    admin: Client, make_dead: MakeDead, pg_store: PostgresStore
+) -> None:
+    await make_dead("orders", 1)
+    before = await snapshot(pg_store)
+    big = json.dumps({"ids": ["x" * 900] * 1200}).encode()  # ~1.1 MB
+    assert len(big) > 1024 * 1024
+    detail = assert_problem(
+        await admin.post("/api/deadletters/replay", content=big, headers=JSON_TYPE), 413
+    )
+    assert "1048576 bytes" in detail
+
+    async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: counted as it arrives
+        for start in range(0, len(big), 64 * 1024):
+            yield big[start : start + 64 * 1024]
+
+    response = await admin.post("/api/deadletters/purge", content=chunked(), headers=JSON_TYPE)
+    assert_problem(response, 413)
+    assert await snapshot(pg_store) == before
+
+
+async def test_a_body_that_never_finishes_arriving_times_out_with_408(
+    pg_store: PostgresStore,
+) -> None:
+    stalled = asyncio.Event()  # never set: the client sends a first chunk, then nothing
+
+    async def trickle() -> AsyncIterator[bytes]:
+        yield b'{"all": '
+        await stalled.wait()
+
+    app = create_app(pg_store, token=TOKEN, body_timeout=0.3)
+    async with client_for(app) as client:
+        client.headers.update(AUTH)
+        response = await asyncio.wait_for(
+            client.post("/api/deadletters/purge", content=trickle(), headers=JSON_TYPE), 10
+        )
+    assert "0.3s" in assert_problem(response, 408)
+
+
+@pytest.mark.parametrize("token", [" " + TOKEN, TOKEN + "\n", "\t" + TOKEN + " "])
+def test_a_token_with_surrounding_whitespace_is_refused_at_start(token: str) -> None:
+    with pytest.raises(ConfigurationError, match="whitespace"):
+        create_app(InMemoryStore(), token=token)
+
+
+async def test_serve_refuses_a_token_with_whitespace_in_one_line(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
+    env["OUTBOXER_ADMIN_TOKEN"] = TOKEN + " "
+    serve = await asyncio.create_subprocess_exec(
+        OUTBOXER,
+        *("serve", "--database-url", pg_url, "--schema", pg_schema, "--port", "0"),
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    _, stderr = await asyncio.wait_for(serve.communicate(), 60)
+    assert serve.returncode == 2
+    lines = stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "whitespace" in lines[0] and TOKEN not in lines[0], lines
+
+
+async def test_a_lone_surrogate_in_a_stored_header_is_escaped_not_a_500(
+    sqlite_store: SqliteStore,
+) -> None:
+    """PostgreSQL refuses such text, but a SQLite row (JSON text) can hold it."""
+    await sqlite_store.execute(
+        "INSERT INTO {dead_letters} (id, topic, payload, content_type,"
+        " headers, created_at, failure_reason, attempts)"
+        " VALUES ('odd-1', 'orders', x'7B7D', 'application/json', ?, 0, 'rejected', 3)",
+        '{"trace": "a\\ud800b"}',
+    )
+    async with client_for(create_app(sqlite_store, token=None)) as client:
+        listed = await client.get("/api/deadletters")
+        shown = await client.get("/api/deadletters/odd-1")
+    assert listed.status_code == 200, listed.text
+    assert shown.status_code == 200, shown.text
+    assert listed.json()["items"][0]["headers"] == {"trace": "a\\ud800b"}
+    assert shown.json()["headers"] == {"trace": "a\\ud800b"}
+
+
+async def test_readiness_does_not_reveal_the_database_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    secret = "connection to postgresql://app:hunter2@db.internal:5432/app failed: no route"
+    store = _BrokenStore(StoreUnavailable(secret))
+    with caplog.at_level(logging.WARNING, logger="outboxer.admin"):
+        async with client_for(create_app(store, token=None, ready_min_relays=0)) as client:
+            response = await client.get("/readyz")
+    assert response.status_code == 503
+    assert "db.internal" not in response.text and "hunter2" not in response.text
+    assert "unreachable" in response.json()["checks"]["database"]["detail"]
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "db.internal" in logged and "hunter2" not in logged  # the detail, redacted
 
 
 # -- readiness -----------------------------------------------------------------------------------

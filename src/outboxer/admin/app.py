@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
-from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
+import math
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Annotated, Any
@@ -32,8 +32,15 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from outboxer.admin.guards import (
+    TOKEN_ENV,
+    BearerAuth,
+    BodyLimits,
+    HostCheck,
+    SecurityHeaders,
+    default_allowed_hosts,
+)
 from outboxer.admin.metrics import CONTENT_TYPE, render_metrics
 from outboxer.admin.models import (
     MAX_TEXT,
@@ -55,27 +62,24 @@ from outboxer.errors import (
     StoreError,
 )
 from outboxer.ports import AdminStore, DeadLetterFilter, OutboxStats
+from outboxer.urls import redact
 
 __all__ = ["AdminSettings", "create_app", "create_app_from_url"]
 
 log = logging.getLogger("outboxer.admin")
 
-TOKEN_ENV = "OUTBOXER_ADMIN_TOKEN"
 NO_TOKEN_WARNING = (
     "NO ADMIN TOKEN IS SET: the admin API is open to read by anyone who can reach it, and "
     f"replay/delete are disabled. Set {TOKEN_ENV} (or --admin-token) to protect it."
 )
-MUTATIONS_DISABLED = (
-    f"replay and delete are disabled because no admin token is configured: set {TOKEN_ENV} "
-    "(or --admin-token) on the server and send 'Authorization: Bearer <token>'"
-)
-_MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+MAX_BODY_BYTES = 1024 * 1024  # a bulk body of 1000 ids of 1000 characters fits
+BODY_TIMEOUT = 10.0
 _STATIC = resources.files("outboxer.admin") / "static"
 
 
 @dataclass(frozen=True, slots=True)
 class AdminSettings:
-    """How the admin app authorizes and judges readiness.
+    """How the admin app authorizes, whom it answers and how it judges readiness.
 
     Attributes:
         token: Bearer token required on every ``/api/`` request; ``None`` (or empty) leaves
@@ -84,113 +88,40 @@ class AdminSettings:
         ready_min_relays: ``/readyz`` fails with fewer live relays (0 disables the check, for
             deployments where relays are watched elsewhere).
         stats_timeout: Longest wait for the database in ``/readyz`` and ``/metrics`` (seconds).
+        allowed_hosts: Host names requests may be addressed to, besides IP literals (see
+            :class:`~outboxer.admin.guards.HostCheck`); ``"*"`` accepts any.
+        max_body_bytes: Largest request body accepted (413 above).
+        body_timeout: Longest time to receive a request body (408 after), in seconds.
     """
 
     token: str | None = None
     ready_max_age: float = 300.0
     ready_min_relays: int = 1
     stats_timeout: float = 5.0
+    allowed_hosts: frozenset[str] = frozenset()
+    max_body_bytes: int = MAX_BODY_BYTES
+    body_timeout: float = BODY_TIMEOUT
 
     def __post_init__(self) -> None:
-        if self.ready_max_age <= 0:
-            raise ConfigurationError(f"ready_max_age must be positive, not {self.ready_max_age}")
+        for name in ("ready_max_age", "stats_timeout", "body_timeout"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ConfigurationError(f"{name} must be a positive number, not {value}")
         if self.ready_min_relays < 0:
             raise ConfigurationError(f"ready_min_relays must be ≥ 0, not {self.ready_min_relays}")
-        if self.stats_timeout <= 0:
-            raise ConfigurationError(f"stats_timeout must be positive, not {self.stats_timeout}")
+        if self.max_body_bytes < 0:
+            raise ConfigurationError(f"max_body_bytes must be ≥ 0, not {self.max_body_bytes}")
+        # Refused rather than stripped: a token is a secret copied between systems, and the
+        # client that holds it presumably has the same stray character, so stripping it here
+        # would only move the mismatch. HTTP itself trims header values, so it could never match.
+        if self.token is not None and self.token != self.token.strip():
+            raise ConfigurationError(
+                "the admin token starts or ends with whitespace, which no request can send "
+                "(HTTP trims header values): remove it"
+            )
 
 
-# -- authorization -------------------------------------------------------------------------------
-
-
-def _route_path(scope: Scope) -> str:
-    """The path inside this app: mounted under a prefix, ``scope["path"]`` still holds the
-    prefix (``root_path``), and checking it unstripped would leave ``/prefix/api/`` unguarded."""
-    path = str(scope.get("path", ""))
-    root = str(scope.get("root_path", ""))
-    return path[len(root) :] if root and path.startswith(root) else path
-
-
-class _BearerAuth:
-    """Pure ASGI middleware guarding ``/api/``.
-
-    A middleware rather than a FastAPI dependency so authorization is decided before the body
-    is read or validated: an unauthenticated caller gets 401 for a malformed body too, and learns
-    nothing about the API's validation rules.
-    """
-
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
-        self.app = app
-        self._token = token.encode() if token else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not _route_path(scope).startswith("/api/"):
-            await self.app(scope, receive, send)
-            return
-        refusal = self._refusal(scope)
-        if refusal is None:
-            await self.app(scope, receive, send)
-        else:
-            await refusal(scope, receive, send)
-
-    def _refusal(self, scope: Scope) -> Response | None:
-        if self._token is None:
-            if scope.get("method", "GET") in _MUTATING:
-                return JSONResponse({"detail": MUTATIONS_DISABLED}, status_code=403)
-            return None
-        header = b""
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                header = value
-                break
-        scheme, _, presented = header.partition(b" ")
-        # compare_digest: the time taken must not reveal how much of the token was right.
-        if scheme.lower() == b"bearer" and hmac.compare_digest(presented.strip(), self._token):
-            return None
-        detail = (
-            "missing bearer token: send 'Authorization: Bearer <token>'"
-            if not header
-            else "invalid bearer token"
-        )
-        return JSONResponse(
-            {"detail": detail}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
-        )
-
-
-class _SecurityHeaders:
-    """Headers that keep the dashboard from being framed, sniffed or fed foreign scripts."""
-
-    # The dashboard's own files only; no inline script, so injected markup cannot run.
-    _CSP = (
-        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
-    )
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = _route_path(scope)
-        dashboard = path == "/" or path.startswith("/static/")
-
-        async def send_with_headers(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                headers.append((b"x-content-type-options", b"nosniff"))
-                headers.append((b"referrer-policy", b"no-referrer"))
-                if dashboard:
-                    headers.append((b"content-security-policy", self._CSP.encode()))
-                    headers.append((b"x-frame-options", b"DENY"))
-                message["headers"] = headers
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
-
-# Declared for the OpenAPI schema (the "Authorize" button of /docs); _BearerAuth enforces it.
+# Declared for the OpenAPI schema (its securitySchemes); BearerAuth enforces it.
 _bearer = HTTPBearer(auto_error=False, description=f"The server's {TOKEN_ENV}.")
 
 
@@ -204,7 +135,24 @@ def _documented_bearer(
 
 
 def _problem(status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+    return JSONResponse({"detail": encodable(detail)}, status_code=status, headers=headers)
+
+
+def encodable(value: Any) -> Any:
+    """``value`` with every string UTF-8 can encode: a lone surrogate (which a SQLite row or
+    an old writer may hold) becomes its ``\\udXXX`` escape as text, instead of making the whole
+    answer fail to serialize (a 500 for the list that holds it)."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode()
+        return value
+    if isinstance(value, dict):
+        return {encodable(k): encodable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [encodable(v) for v in value]
+    return value
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -324,7 +272,7 @@ def _checked_id(
 
 DeadLetterId = Annotated[str, Depends(_checked_id)]
 
-# Every /api/ route declares the bearer scheme for the OpenAPI schema; _BearerAuth enforces it.
+# Every /api/ route declares the bearer scheme for the OpenAPI schema; BearerAuth enforces it.
 api = APIRouter(prefix="/api", dependencies=[Depends(_documented_bearer)])
 probes = APIRouter(tags=["probes"])
 
@@ -345,7 +293,7 @@ async def list_dead_letters(
     cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,18}$")] = None,
 ) -> dict[str, Any]:
     page = await store.list_dead_letters(flt, limit=limit, cursor=cursor)
-    return {"items": [d.to_json() for d in page.items], "next_cursor": page.next_cursor}
+    return {"items": [encodable(d.to_json()) for d in page.items], "next_cursor": page.next_cursor}
 
 
 @api.get(
@@ -356,7 +304,8 @@ async def list_dead_letters(
     summary="One dead letter with payload, reason and attempts",
 )
 async def get_dead_letter(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str, Any]:
-    return (await store.get_dead_letter(dead_letter_id)).to_json()
+    item: dict[str, Any] = encodable((await store.get_dead_letter(dead_letter_id)).to_json())
+    return item
 
 
 @api.post(
@@ -487,6 +436,9 @@ def create_app(
     ready_max_age: float = 300.0,
     ready_min_relays: int = 1,
     stats_timeout: float = 5.0,
+    allowed_hosts: Iterable[str] = (),
+    max_body_bytes: int = MAX_BODY_BYTES,
+    body_timeout: float = BODY_TIMEOUT,
     lifespan: Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]] | None = None,
 ) -> FastAPI:
     """The admin app over ``store``; the store's lifecycle is the caller's.
@@ -498,16 +450,26 @@ def create_app(
         ready_max_age: Oldest pending age (s) above which ``/readyz`` answers 503.
         ready_min_relays: Live relays ``/readyz`` requires (0: not checked).
         stats_timeout: Longest wait for the database in ``/readyz`` and ``/metrics`` (s).
+        allowed_hosts: Host names the app answers to besides IP literals and this machine's
+            names (``localhost``, host name, FQDN): the name a proxy or a service reaches it
+            by (``".example.com"`` for a domain and its subdomains; ``"*"``: any host, for a
+            proxy that checks the Host itself).
+        max_body_bytes: Largest request body accepted (413 above).
+        body_timeout: Longest time to receive a request body (408 after), in seconds.
         lifespan: An extra lifespan run inside the app's (see :func:`create_app_from_url`).
 
     Raises:
-        ConfigurationError: A setting is out of range.
+        ConfigurationError: A setting is out of range, or the token has surrounding
+            whitespace.
     """
     settings = AdminSettings(
         token=token or None,
         ready_max_age=ready_max_age,
         ready_min_relays=ready_min_relays,
         stats_timeout=stats_timeout,
+        allowed_hosts=default_allowed_hosts() | frozenset(allowed_hosts),
+        max_body_bytes=max_body_bytes,
+        body_timeout=body_timeout,
     )
 
     @contextlib.asynccontextmanager
@@ -534,12 +496,19 @@ def create_app(
             "answer 403."
         ),
         lifespan=app_lifespan,
+        # Swagger UI and ReDoc pages load their scripts from a CDN, without integrity, on the
+        # API's own origin: off. /openapi.json stays for clients and local tools.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.store = store
     app.state.settings = settings
     _install_error_handlers(app)
-    app.add_middleware(_BearerAuth, token=settings.token)
-    app.add_middleware(_SecurityHeaders)
+    # The last added runs first: headers on every answer, then Host, size and token.
+    app.add_middleware(BearerAuth, token=settings.token)
+    app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout)
+    app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
+    app.add_middleware(SecurityHeaders)
     app.include_router(api)
     app.include_router(probes)
     app.mount("/static", StaticFiles(directory=str(_STATIC)), name="static")
@@ -553,6 +522,7 @@ def create_app_from_url(
     token: str | None,
     ready_max_age: float = 300.0,
     ready_min_relays: int = 1,
+    allowed_hosts: Iterable[str] = (),
 ) -> FastAPI:
     """The admin app over a store it opens at startup and closes at shutdown.
 
@@ -574,6 +544,7 @@ def create_app_from_url(
         token=token,
         ready_max_age=ready_max_age,
         ready_min_relays=ready_min_relays,
+        allowed_hosts=allowed_hosts,
         lifespan=open_store,
     )
 
@@ -614,8 +585,10 @@ async def _read_stats(store: AdminStore, timeout: float) -> tuple[OutboxStats | 
     except TimeoutError:
         return None, f"the database did not answer within {timeout:g}s"
     except Exception as exc:  # noqa: BLE001 - any failure means "not reachable" to a probe
-        log.warning("stats query failed: %s", exc)
-        return None, f"{type(exc).__name__}: {exc}"
+        # The driver's text (host names, user names, SQL) goes to the log, not to an
+        # unauthenticated probe.
+        log.warning("stats query failed: %s: %s", type(exc).__name__, redact(str(exc)))
+        return None, "the stats query failed; see the server log"
 
 
 async def _readiness(store: AdminStore, settings: AdminSettings) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 __all__ = [
     "BulkResult",
@@ -126,7 +126,8 @@ class DeadLetterFilterBody(BaseModel):
     type: Text | None = None
     key: Text | None = None
     ids: Annotated[list[Text], Field(min_length=1, max_length=MAX_IDS)] | None = None
-    all: bool = False
+    # Strict: "yes", 1 or "on" must not select every dead letter by accident.
+    all: StrictBool = False
 
     @model_validator(mode="after")
     def _one_way_of_choosing(self) -> DeadLetterFilterBody:

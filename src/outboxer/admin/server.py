@@ -71,5 +71,7 @@ async def serve_app(app: FastAPI, listener: socket.socket, *, graceful_seconds: 
     )
     host, port = listener.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    log.info("admin API and dashboard on http://%s:%d/ (OpenAPI at /docs)", shown, port)
+    log.info(
+        "admin API and dashboard on http://%s:%d/ (OpenAPI schema at /openapi.json)", shown, port
+    )
     await _Server(config).serve(sockets=[listener])

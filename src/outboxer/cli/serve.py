@@ -28,6 +28,15 @@ from outboxer.cli.options import database_options, env_option
     help="Bearer token required on /api/; without it reads are open and replay/delete refused.",
 )
 @env_option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    envvar="OUTBOXER_ALLOWED_HOSTS",
+    help="A name the server is reached by, besides this machine's names and IP addresses "
+    "(requests to other Host names are refused against DNS rebinding); repeatable; "
+    "'.example.com' for a domain, '*' for any.",
+)
+@env_option(
     "--ready-max-age",
     default=300.0,
     show_default=True,
@@ -48,6 +57,7 @@ def serve(
     host: str,
     port: int,
     admin_token: str | None,
+    allowed_hosts: tuple[str, ...],
     ready_max_age: float,
     ready_min_relays: int,
 ) -> None:
@@ -70,6 +80,7 @@ def serve(
                 token=admin_token,
                 ready_max_age=ready_max_age,
                 ready_min_relays=ready_min_relays,
+                allowed_hosts=(host, *allowed_hosts),
             )
             await serve_app(app, listener)
 
