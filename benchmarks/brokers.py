@@ -24,10 +24,10 @@ import pika
 
 from benchmarks import raw_http, raw_kafka, raw_nats, raw_rabbitmq, raw_redis
 from benchmarks.common import PAYLOAD, PG_URL, NullPublisher, drain_rate, fill, fresh_schema, save
+from outboxer.brokers import publisher_from_url
 from outboxer.config import RelaySettings, TableNames
 from outboxer.message import Message
 from outboxer.outbox import Outbox
-from outboxer.publishers import publisher_from_url
 from outboxer.stores.postgres import PostgresStore
 
 COUNT = 20_000

@@ -34,12 +34,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from benchmarks.common import PAYLOAD, PG_URL, fresh_schema, save
+from outboxer.brokers import consumer_from_url, publisher_from_url
 from outboxer.config import TableNames
-from outboxer.consumers import consumer_from_url
 from outboxer.inbox import HandlerContext, HandlerRegistry, Inbox, InboxSettings
 from outboxer.message import Message
 from outboxer.outbox import Outbox
-from outboxer.publishers import publisher_from_url
 from outboxer.stores.postgres import PostgresStore
 
 COUNT = 10_000

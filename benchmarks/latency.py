@@ -27,10 +27,10 @@ import asyncpg
 import outboxer
 from benchmarks.brokers import BROKERS, nats_streams
 from benchmarks.common import PAYLOAD, PG_URL, fresh_schema, save
+from outboxer.brokers import publisher_from_url
 from outboxer.config import TableNames
 from outboxer.errors import PublishError
 from outboxer.message import Message
-from outboxer.publishers import publisher_from_url
 from outboxer.relay import Relay
 from outboxer.stores.postgres import PostgresStore
 

@@ -5,7 +5,7 @@ has ``concurrency`` connections, that many requests in flight, a 2xx checked per
 outboxer code. ``raw_ceiling_small_pools`` does the same through several small pools, the way
 the adapter uses httpx (httpcore scans its whole pool per request, see docs/brokers/http.md):
 the fairer ceiling for the adapter's own overhead. ``adapter_rate`` sends the same messages
-through :class:`~outboxer.publishers.http.HttpPublisher` the way the relay calls it (batches of
+through :class:`~outboxer.brokers.http.HttpPublisher` the way the relay calls it (batches of
 500, up to 4 batches at once). ``python benchmarks/raw_http.py`` starts the test receiver
 (``tests/http_receiver.py``) in its own process on 127.0.0.1, sends 20,000 messages of ~120
 bytes each way, and prints the rates and ratios.
@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from outboxer._ids import new_message_id  # noqa: E402
+from outboxer.brokers.http.publisher import HttpPublisher  # noqa: E402
 from outboxer.message import JSON, Message  # noqa: E402
-from outboxer.publishers.http import HttpPublisher  # noqa: E402
 
 CONCURRENCY = 64
 BATCH = 500

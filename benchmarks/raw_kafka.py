@@ -4,7 +4,7 @@
 idempotent, ``acks=all``, the adapter's ``linger.ms``; the same records: key, value and the
 CloudEvents headers built inline) and waits for every delivery report, with no outboxer code;
 ``adapter_rate`` sends the same messages through
-:class:`~outboxer.publishers.kafka.KafkaPublisher` the way the relay calls it (batches of 500,
+:class:`~outboxer.brokers.kafka.KafkaPublisher` the way the relay calls it (batches of 500,
 up to 4 batches at once). Both are warmed up outside the clock (connection, metadata, producer
 id) and each run writes to a fresh topic with 3 partitions.
 
@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import build_messages, publisher_rate  # noqa: E402
 from outboxer._ids import new_message_id  # noqa: E402
+from outboxer.brokers.kafka.publisher import KafkaPublisher, KafkaSettings  # noqa: E402
 from outboxer.message import Message  # noqa: E402
-from outboxer.publishers.kafka import KafkaPublisher, KafkaSettings  # noqa: E402
 
 
 def _raw_produce(url: str, messages: Sequence[Message]) -> float:

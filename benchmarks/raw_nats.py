@@ -4,7 +4,7 @@
 ``JetStreamContext.publish_async`` for every message, with the same subject, payload and headers
 the adapter writes (``Nats-Msg-Id`` and the ``ce-*`` set), then awaits every PubAck; nats-py
 bounds the un-acknowledged messages (4000 by default). ``adapter_rate`` sends the same messages
-through :class:`~outboxer.publishers.nats.NatsPublisher` with batches of 500, up to 4 batches
+through :class:`~outboxer.brokers.nats.NatsPublisher` with batches of 500, up to 4 batches
 concurrently, as the relay does. Each run gets a fresh stream, so JetStream's duplicate window
 (``Nats-Msg-Id``) never turns a second run into cheap duplicates.
 
@@ -30,8 +30,8 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from benchmarks.common import build_messages, publisher_rate
+from outboxer.brokers.nats.publisher import NatsPublisher
 from outboxer.message import Message
-from outboxer.publishers.nats import NatsPublisher
 
 WINDOW_MESSAGES = 4096  # the adapter's default max_pending
 

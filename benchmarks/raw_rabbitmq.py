@@ -5,7 +5,7 @@ same exchange, routing key, properties and ``mandatory`` flag the adapter uses, 
 one channel in confirm mode, with at most ``WINDOW`` = 2,000 messages unconfirmed (the most the
 relay has in flight: 4 batches of 500), every confirm counted, frames written one buffer per
 window (pika's fastest path, see ``raw_ceiling``). ``adapter_rate`` sends the same messages through
-:class:`~outboxer.publishers.rabbitmq.RabbitMQPublisher` with batches of 500, up to 4 batches
+:class:`~outboxer.brokers.rabbitmq.RabbitMQPublisher` with batches of 500, up to 4 batches
 concurrently, as the relay does.
 
 The messages are routed to one durable queue bound with ``#``, so RabbitMQ writes every one to
@@ -42,8 +42,8 @@ import pika.spec
 from pika.adapters.asyncio_connection import AsyncioConnection
 
 from benchmarks.common import build_messages
+from outboxer.brokers.rabbitmq.publisher import RabbitMQPublisher
 from outboxer.message import Message
-from outboxer.publishers.rabbitmq import RabbitMQPublisher
 
 CHUNK = 500  # the relay's batch size
 BATCHES = 4  # the relay's batches in flight

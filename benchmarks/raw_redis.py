@@ -3,7 +3,7 @@
 ``raw_ceiling`` publishes with redis-py alone (no database, no outboxer code): pipelines of
 ``XADD`` with the same fields the adapter writes, ``CHUNK`` messages per pipeline and up to
 ``WINDOW`` pipelines in flight on pooled connections, every reply read. ``adapter_rate`` sends
-the same messages through :class:`~outboxer.publishers.redis.RedisPublisher` with batches of 500,
+the same messages through :class:`~outboxer.brokers.redis.RedisPublisher` with batches of 500,
 up to 4 batches concurrently, as the relay does.
 
 Run: ``.venv/bin/python benchmarks/raw_redis.py [redis://127.0.0.1:6379/0]``
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import redis.asyncio as aioredis
 
 from benchmarks.common import WINDOW, build_messages, publisher_rate, windowed
+from outboxer.brokers.redis.publisher import RedisPublisher
 from outboxer.message import Message
-from outboxer.publishers.redis import RedisPublisher
 
 
 async def raw_ceiling(url: str, messages: list[Message]) -> float:

@@ -17,11 +17,11 @@ import time
 from typing import Any
 
 from benchmarks.common import PG_URL, NullPublisher, drain_rate, fill, fresh_schema, save
+from outboxer.brokers.inprocess.publisher import InProcessPublisher
 from outboxer.config import RelaySettings, TableNames
 from outboxer.inbox.registry import HandlerRegistry
 from outboxer.message import Message
 from outboxer.ports import Settlement
-from outboxer.publishers.inprocess import InProcessPublisher
 from outboxer.stores.postgres import PostgresStore
 
 COUNT = 20_000

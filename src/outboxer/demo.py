@@ -18,11 +18,11 @@ from pathlib import Path
 import click
 
 import outboxer
+from outboxer.brokers.inprocess.publisher import InProcessPublisher
 from outboxer.config import Backoff, RelaySettings
 from outboxer.inbox.registry import HandlerRegistry
 from outboxer.message import Message
 from outboxer.ports import DeadLetterFilter
-from outboxer.publishers.inprocess import InProcessPublisher
 from outboxer.relay import Relay
 from outboxer.stores.sqlite import SqliteStore
 

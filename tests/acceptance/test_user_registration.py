@@ -31,8 +31,8 @@ import pytest
 from aiosmtpd.controller import Controller
 from examples.user_registration import app
 
+from outboxer.brokers.rabbitmq.publisher import RabbitMQPublisher
 from outboxer.message import Message
-from outboxer.publishers.rabbitmq import RabbitMQPublisher
 from outboxer.stores.postgres import PostgresStore
 from tests.acceptance.conftest import OUTBOXER, PYTHONPATH, ROOT
 from tests.conftest import require_service, unique_name

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from outboxer.brokers import consumer_from_url
 from outboxer.config import Backoff
-from outboxer.consumers import consumer_from_url
 from outboxer.inbox import Inbox, InboxSettings, run_consumer
 from outboxer.message import Message
 from outboxer.ports import DeadLetterFilter

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from outboxer.consumers.kafka import KafkaConsumerSettings
+from outboxer.brokers.kafka.consumer import KafkaConsumerSettings
+from outboxer.brokers.kafka.publisher import KafkaPublisher
 from outboxer.message import Message
-from outboxer.publishers.kafka import KafkaPublisher
 from tests.contracts.consumer import ConsumerContract, Prepare, Publish
 from tests.tansu import create_topic, kafka_bootstrap  # noqa: F401 - the fixture
 

@@ -9,9 +9,9 @@ import nats
 import nats.js.errors
 import pytest
 
-from outboxer.consumers.nats import NatsConsumerSettings, durable_name
+from outboxer.brokers.nats.consumer import NatsConsumerSettings, durable_name
+from outboxer.brokers.nats.publisher import NatsPublisher
 from outboxer.message import Message
-from outboxer.publishers.nats import NatsPublisher
 from tests.conftest import require_service, unique_name
 from tests.contracts.consumer import ConsumerContract, Prepare, Publish
 

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 from redis.asyncio import Redis
 
-from outboxer.consumers.redis import RedisConsumerSettings
+from outboxer.brokers.redis.consumer import RedisConsumerSettings
+from outboxer.brokers.redis.publisher import RedisPublisher
 from outboxer.message import Message
-from outboxer.publishers.redis import RedisPublisher
 from tests.conftest import require_service
 from tests.contracts.consumer import ConsumerContract, Prepare, Publish
 

@@ -18,6 +18,7 @@ import pydantic
 import pytest
 
 import outboxer
+from outboxer.brokers.inprocess.publisher import InProcessPublisher
 from outboxer.config import Backoff
 from outboxer.errors import ConfigurationError, PermanentPublishError, StoreUnavailable
 from outboxer.inbox import (
@@ -31,7 +32,6 @@ from outboxer.inbox import (
 )
 from outboxer.message import Message, encode_payload
 from outboxer.ports import DeadLetterFilter
-from outboxer.publishers.inprocess import InProcessPublisher
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore

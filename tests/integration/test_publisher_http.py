@@ -18,6 +18,8 @@ from urllib.parse import quote
 import pytest
 
 from outboxer._ids import new_message_id
+from outboxer.brokers import publisher_from_url
+from outboxer.brokers.http.publisher import HttpPublisher
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -26,8 +28,6 @@ from outboxer.errors import (
     RetryablePublishError,
 )
 from outboxer.message import TEXT, Message
-from outboxer.publishers import publisher_from_url
-from outboxer.publishers.http import HttpPublisher
 from tests.contracts.publisher import PublisherContract, Received, make_message
 from tests.http_receiver import HttpReceiver, ReceivedRequest, Reply
 

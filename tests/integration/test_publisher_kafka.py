@@ -21,6 +21,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from outboxer._ids import new_message_id
+from outboxer.brokers import publisher_from_url
+from outboxer.brokers.kafka.publisher import KafkaPublisher, KafkaSettings
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -28,8 +30,6 @@ from outboxer.errors import (
     PublishError,
 )
 from outboxer.message import TEXT, Message
-from outboxer.publishers import publisher_from_url
-from outboxer.publishers.kafka import KafkaPublisher, KafkaSettings
 from tests.conftest import unique_name
 from tests.contracts.publisher import PublisherContract, Received, make_message
 from tests.tansu import TansuBroker, create_topic, free_port, kafka_bootstrap  # noqa: F401
@@ -195,14 +195,6 @@ async def test_wire_format_is_cloudevents_binary_mode(
     assert record.header("content-type") == "text/plain; charset=utf-8"
     assert record.header("tenant") == "acme"
     assert record.header("ce_subject") == "orders/42"
-
-
-def test_ce_time_is_rfc3339_utc() -> None:
-    from outboxer.publishers.kafka import _ce_time
-
-    paris = dt.timezone(dt.timedelta(hours=1))
-    assert _ce_time(dt.datetime(2025, 1, 31, 13, 0, tzinfo=paris)) == "2025-01-31T12:00:00.000000Z"
-    assert _ce_time(dt.datetime(2025, 1, 31, 12, 0, 0, 5)) == "2025-01-31T12:00:00.000005Z"
 
 
 async def test_message_without_type_or_key(

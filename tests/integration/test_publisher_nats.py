@@ -29,6 +29,8 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy
 from nats.js.errors import NotFoundError
 
+from outboxer.brokers import publisher_from_url
+from outboxer.brokers.nats.publisher import NatsPublisher, NatsSettings, _classify_api_error
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -37,8 +39,6 @@ from outboxer.errors import (
     RetryablePublishError,
 )
 from outboxer.message import TEXT, Message
-from outboxer.publishers import publisher_from_url
-from outboxer.publishers.nats import NatsPublisher, NatsSettings, _classify_api_error
 from tests.conftest import require_service, unique_name
 from tests.contracts.publisher import PublisherContract, Received, make_message
 

@@ -22,6 +22,10 @@ import pika
 import pika.exceptions
 import pytest
 
+from outboxer.brokers import publisher_from_url
+from outboxer.brokers.rabbitmq import publisher as rabbitmq
+from outboxer.brokers.rabbitmq.publisher import RabbitMQPublisher, RabbitMQSettings
+from outboxer.brokers.rabbitmq.wire import KEY_HEADER
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -29,8 +33,6 @@ from outboxer.errors import (
     RetryablePublishError,
 )
 from outboxer.message import TEXT, Message
-from outboxer.publishers import publisher_from_url, rabbitmq
-from outboxer.publishers.rabbitmq import KEY_HEADER, RabbitMQPublisher, RabbitMQSettings
 from tests.conftest import require_service, unique_name
 from tests.contracts.publisher import PublisherContract, Received, make_message
 from tests.tcp_proxy import TcpProxy

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from outboxer.brokers import publisher_from_url
+from outboxer.brokers.redis.publisher import RedisPublisher, RedisSettings
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -26,8 +28,6 @@ from outboxer.errors import (
     RetryablePublishError,
 )
 from outboxer.message import OCTET_STREAM, Message
-from outboxer.publishers import publisher_from_url
-from outboxer.publishers.redis import RedisPublisher, RedisSettings
 from tests.conftest import require_service
 from tests.contracts.publisher import PublisherContract, Received, make_message
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from outboxer.brokers.inprocess.publisher import InProcessPublisher
 from outboxer.errors import BrokerUnavailable, PermanentPublishError
 from outboxer.inbox.registry import HandlerRegistry
 from outboxer.message import Message
-from outboxer.publishers.inprocess import InProcessPublisher
 from outboxer.testing import RecordingPublisher
 from tests.contracts.publisher import PublisherContract, Received, make_message
 

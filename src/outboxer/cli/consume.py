@@ -202,7 +202,7 @@ async def _consume(
     batch_size: int,
     shutdown_timeout: float,
 ) -> None:
-    from outboxer.consumers import consumer_from_url
+    from outboxer.brokers import consumer_from_url
     from outboxer.inbox import Inbox, run_consumer
     from outboxer.stores import store_from_url
 

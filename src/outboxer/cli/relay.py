@@ -260,7 +260,7 @@ async def _relay(
     observer: Any = None,
     traced: bool = False,
 ) -> None:
-    from outboxer.publishers import publisher_from_url
+    from outboxer.brokers import publisher_from_url
     from outboxer.relay import Relay
 
     publisher = publisher_from_url(broker, webhook_secret=secret)

@@ -3,9 +3,8 @@
 - :mod:`outboxer.inbox.registry`: which handler runs for which message, typed payloads;
 - :mod:`outboxer.inbox.inbox`: at most one effect per (consumer, message id), retries,
   consume dead letters;
-- :mod:`outboxer.inbox.consumer`: running a broker adapter (``outboxer.consumers.*``) into an
+- :mod:`outboxer.inbox.consumer`: running a broker adapter (``outboxer.brokers.*.consumer``) into an
   inbox, graceful shutdown;
-- :mod:`outboxer.inbox.wire`: the publishers' wire formats decoded back into messages.
 
 Nothing here imports a database or broker driver. See docs/inbox.md.
 """

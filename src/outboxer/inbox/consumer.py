@@ -1,6 +1,6 @@
 """Running a consumer: a broker adapter feeds batches to an :class:`~outboxer.inbox.inbox.Inbox`.
 
-The broker adapters (``outboxer.consumers.kafka``, ``.rabbitmq``, ``.nats``, ``.redis``) all
+The broker adapters (``outboxer.brokers.<name>.consumer``: kafka, rabbitmq, nats, redis) all
 follow one rule: **a batch is acknowledged to the broker only after** ``deliver(batch)``
 **returned**, i.e. after the outcome of every message of the batch (handled, duplicate, failure
 recorded, ...) committed in the database. A crash anywhere before that makes the broker deliver

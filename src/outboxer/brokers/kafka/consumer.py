@@ -8,7 +8,7 @@ every call on the client runs in one dedicated worker thread (the client is not 
 from two threads at once); the event loop is never blocked.
 
 Records are decoded from the publisher's wire format (CloudEvents binary headers, see
-``outboxer.publishers.kafka``) by :func:`outboxer.inbox.wire.from_kafka`.
+:mod:`.publisher`) by :func:`.wire.decode`.
 
 URL: the publisher's ``kafka://`` URL (brokers, SASL, TLS, ``client_id``) plus these consumer
 options, all optional:
@@ -43,13 +43,13 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from outboxer.consumers import split_options
+from outboxer.brokers._options import split_options
+from outboxer.brokers.kafka.publisher import KafkaSettings
+from outboxer.brokers.kafka.wire import decode
 from outboxer.errors import ConfigurationError
 from outboxer.inbox.consumer import Deliver
 from outboxer.inbox.inbox import ConsumerStopping, validate_consumer_name
-from outboxer.inbox.wire import from_kafka
 from outboxer.message import Message
-from outboxer.publishers.kafka import KafkaSettings
 
 __all__ = ["KafkaConsumer", "KafkaConsumerSettings"]
 
@@ -269,7 +269,7 @@ class KafkaConsumer:
                 if topic is None or partition is None or offset is None:
                     continue
                 messages.append(
-                    from_kafka(
+                    decode(
                         topic=topic,
                         partition=partition,
                         offset=offset,

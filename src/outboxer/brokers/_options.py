@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import overload
+from urllib.parse import unquote
 
 from outboxer.errors import ConfigurationError
 
@@ -52,3 +53,32 @@ class QueryOptions:
         if value in ("false", "0", "no", "off"):
             return False
         raise ConfigurationError(f"{self.what}: {name}={raw!r}: use true or false")
+
+
+def split_options(url: str, names: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """Take the consumer-only query options ``names`` out of ``url``.
+
+    Returns the URL without them (for the publisher's settings parser, which knows the
+    connection options and refuses unknown ones) and the options found.
+
+    Raises:
+        ConfigurationError: an option is given twice.
+    """
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url, {}
+    query, hash_, fragment = query.partition("#")
+    kept: list[str] = []
+    found: dict[str, str] = {}
+    for part in query.split("&"):
+        if not part:
+            continue
+        key, _, value = part.partition("=")
+        if key in names:
+            if key in found:
+                raise ConfigurationError(f"broker URL option {key!r} is given more than once")
+            found[key] = unquote(value)
+        else:
+            kept.append(part)
+    rebuilt = base + ("?" + "&".join(kept) if kept else "") + (hash_ + fragment)
+    return rebuilt, found

@@ -7,10 +7,10 @@ arrived (up to ``batch_size``); after the inbox committed every message of it, o
 ``basic.ack(multiple=True)`` for the batch's last delivery tag acknowledges it. A connection lost
 before that makes RabbitMQ requeue the unacknowledged messages; the inbox drops the ones that
 were handled. Same client as the publisher (pika's asyncio connection, see
-``outboxer.publishers.rabbitmq`` for why).
+:mod:`.publisher` for why).
 
 Messages are decoded from the publisher's wire format (``message_id``, ``type``, ``timestamp``,
-``content_type``, key in ``x-outbox-key``) by :func:`outboxer.inbox.wire.from_amqp`.
+``content_type``, key in ``x-outbox-key``) by :func:`.wire.decode`.
 
 URL: the publisher's ``amqp://`` URL (credentials, vhost, ``exchange``, timeouts, ``heartbeat``)
 plus these consumer options, all optional:
@@ -42,13 +42,13 @@ import pika  # type: ignore[import-untyped]
 import pika.exceptions  # type: ignore[import-untyped]
 from pika.adapters.asyncio_connection import AsyncioConnection  # type: ignore[import-untyped]
 
+from outboxer.brokers._options import split_options
+from outboxer.brokers.rabbitmq.publisher import RabbitMQSettings
+from outboxer.brokers.rabbitmq.wire import decode
 from outboxer.config import Backoff
-from outboxer.consumers import split_options
 from outboxer.errors import BrokerUnavailable, ConfigurationError
 from outboxer.inbox.consumer import Deliver
 from outboxer.inbox.inbox import ConsumerStopping, validate_consumer_name
-from outboxer.inbox.wire import from_amqp
-from outboxer.publishers.rabbitmq import RabbitMQSettings
 
 __all__ = ["RabbitMQConsumer", "RabbitMQConsumerSettings"]
 
@@ -358,7 +358,7 @@ class RabbitMQConsumer:
             if not batch:
                 continue
             messages = [
-                from_amqp(
+                decode(
                     routing_key=d.routing_key,
                     body=d.body,
                     message_id=d.properties.message_id,

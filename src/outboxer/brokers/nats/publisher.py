@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import logging
 import re
@@ -83,6 +82,7 @@ from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from outboxer.brokers.nats import wire
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -250,12 +250,6 @@ def _subject_problem(subject: str) -> str | None:
         if token in ("*", ">"):
             return f"topic {subject!r} contains a wildcard; messages need a literal subject"
     return None
-
-
-def _rfc3339(moment: dt.datetime) -> str:
-    if moment.tzinfo is None:  # stores hand back UTC; a naive value is UTC too
-        moment = moment.replace(tzinfo=dt.UTC)
-    return moment.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 def _classify_api_error(error: Mapping[str, Any], subject: str) -> PublishError:
@@ -457,23 +451,10 @@ class NatsPublisher:
             problem = self._subject_checks[subject] = _subject_problem(subject)
         if problem is not None:
             return {}, problem
-        if message.headers:
-            for name in message.headers:
-                if not _HEADER_NAME.fullmatch(name):
-                    return {}, f"header name {name!r} is not a valid NATS header name"
-            headers = dict(message.headers)
-        else:
-            headers = {}
-        headers["Nats-Msg-Id"] = message.id
-        headers["ce-specversion"] = "1.0"
-        headers["ce-id"] = message.id
-        headers["ce-source"] = self.settings.source
-        if message.type is not None:
-            headers["ce-type"] = message.type
-        headers["ce-time"] = _rfc3339(message.created_at)
-        if message.key is not None:
-            headers["ce-partitionkey"] = message.key
-        headers["content-type"] = message.content_type
+        for name in message.headers:
+            if not _HEADER_NAME.fullmatch(name):
+                return {}, f"header name {name!r} is not a valid NATS header name"
+        headers = wire.headers(message, self.settings.source)
         # The server counts headers and payload against max_payload and drops the whole
         # connection on a violation, so an oversized message is refused before it is sent.
         size = _HEADER_BLOCK_OVERHEAD + len(message.payload)

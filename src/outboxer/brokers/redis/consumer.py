@@ -12,7 +12,7 @@ ones already handled). Members that left nothing pending and have been idle for 
 removed from the group, so restarts do not pile up dead member names.
 
 Entries are decoded from the publisher's wire format (fields ``id``, ``type``, ``key``,
-``payload``, ``headers``, ``content_type``) by :func:`outboxer.inbox.wire.from_redis`.
+``payload``, ``headers``, ``content_type``) by :func:`.wire.decode`.
 
 URL: the publisher's ``redis://`` URL (host, db, credentials, TLS, timeouts) plus these
 consumer options, all optional:
@@ -49,14 +49,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from outboxer.brokers._options import split_options
+from outboxer.brokers.redis.publisher import RedisSettings
+from outboxer.brokers.redis.wire import decode
 from outboxer.config import Backoff
-from outboxer.consumers import split_options
 from outboxer.errors import ConfigurationError
 from outboxer.inbox.consumer import Deliver
 from outboxer.inbox.inbox import ConsumerStopping, validate_consumer_name
-from outboxer.inbox.wire import from_redis
 from outboxer.message import Message
-from outboxer.publishers.redis import RedisSettings
 
 __all__ = ["RedisConsumer", "RedisConsumerSettings"]
 
@@ -289,7 +289,7 @@ class RedisConsumer:
         if not entries:
             return True
         messages: list[Message] = [
-            from_redis(stream=stream, entry_id=entry_id, fields=fields)
+            decode(stream=stream, entry_id=entry_id, fields=fields)
             for stream, entry_id, fields in entries
         ]
         try:

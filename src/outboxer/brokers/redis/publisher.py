@@ -74,7 +74,6 @@ Passwords never appear in ``repr``, log lines or error messages (see
 from __future__ import annotations
 
 import contextlib
-import json
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -95,6 +94,8 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from outboxer.brokers._options import QueryOptions
+from outboxer.brokers.redis import wire
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -103,15 +104,10 @@ from outboxer.errors import (
     RetryablePublishError,
 )
 from outboxer.message import Message
-from outboxer.publishers._options import QueryOptions
 
 __all__ = ["RedisPublisher", "RedisSettings"]
 
 DEFAULT_PORT = 6379
-
-#: Redis refuses bulk strings larger than ``proto-max-bulk-len`` (512 MiB by default) by
-#: closing the connection; checked beforehand so such a message cannot stall its batch forever.
-MAX_PAYLOAD_BYTES = 512 * 1024 * 1024
 
 _QUERY_PARAMETERS = (
     "maxlen",
@@ -132,14 +128,6 @@ _BROKER_WIDE_ERRORS = (ReadOnlyError, OutOfMemoryError, ClusterDownError, TryAga
 #: Error reply codes that can never succeed for this message's stream.
 _PERMANENT_CODES = frozenset({"WRONGTYPE", "NOPERM", "MOVED", "ASK", "CROSSSLOT"})
 _PERMANENT_ERRORS = (NoPermissionError, AskError, ClusterCrossSlotError)
-
-_XADD = b"XADD"
-_AUTO_ID = b"*"
-_F_ID, _F_TYPE, _F_KEY = b"id", b"type", b"key"
-_F_PAYLOAD, _F_HEADERS, _F_CONTENT_TYPE = b"payload", b"headers", b"content_type"
-_NO_HEADERS = b"{}"
-#: One shared encoder: ``json.dumps`` with non-default arguments builds a new one per call.
-_encode_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,7 +335,7 @@ class RedisPublisher:
         sent: list[int] = []
         for index, message in enumerate(messages):
             try:
-                command = self._xadd(message)
+                command = wire.xadd(message, self._trim)
             except (UnicodeEncodeError, TypeError, ValueError) as exc:
                 results[index] = PermanentPublishError(
                     f"cannot encode message for Redis: {type(exc).__name__}: {exc}"
@@ -379,31 +367,6 @@ class RedisPublisher:
             # READONLY after a failover: reconnect (DNS/Sentinel may point elsewhere now).
             await self._drop_idle_connections()
         return results
-
-    def _xadd(self, message: Message) -> tuple[bytes, ...]:
-        """The ``XADD`` arguments, pre-encoded so that an unencodable message fails alone."""
-        if len(message.payload) > MAX_PAYLOAD_BYTES:
-            raise ValueError(f"payload of {len(message.payload)} bytes exceeds Redis' 512 MiB")
-        head = (_XADD, message.topic.encode(), *self._trim, _AUTO_ID, _F_ID, message.id.encode())
-        if message.type is not None:
-            head += (_F_TYPE, message.type.encode())
-        if message.key is not None:
-            head += (_F_KEY, message.key.encode())
-        headers = message.headers
-        encoded_headers = (
-            _encode_json(headers if type(headers) is dict else dict(headers)).encode()
-            if headers
-            else _NO_HEADERS
-        )
-        return (
-            *head,
-            _F_PAYLOAD,
-            message.payload,
-            _F_HEADERS,
-            encoded_headers,
-            _F_CONTENT_TYPE,
-            message.content_type.encode(),
-        )
 
     def _classify(self, message: Message, reply: Exception) -> PublishError:
         """Turn one ``XADD`` error reply into what the relay should do with the message."""

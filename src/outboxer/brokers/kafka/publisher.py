@@ -93,7 +93,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import functools
 import logging
 import threading
@@ -105,6 +104,8 @@ from urllib.parse import parse_qs, unquote
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from outboxer.brokers._options import QueryOptions
+from outboxer.brokers.kafka.wire import header_encoder
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -113,7 +114,6 @@ from outboxer.errors import (
     RetryablePublishError,
 )
 from outboxer.message import Message
-from outboxer.publishers._options import QueryOptions
 
 __all__ = ["KafkaPublisher", "KafkaSettings"]
 
@@ -122,12 +122,6 @@ log = logging.getLogger(__name__)
 client_log = logging.getLogger(f"{__name__}.librdkafka")
 
 DEFAULT_PORT = 9092
-SPECVERSION = "1.0"
-
-#: Headers the publisher writes itself; user headers with these names are not sent.
-RESERVED_HEADERS = frozenset(
-    {"ce_id", "ce_type", "ce_source", "ce_specversion", "ce_time", "content-type"}
-)
 
 _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 _SECURITY_PROTOCOLS = ("plaintext", "ssl", "sasl_plaintext", "sasl_ssl")
@@ -453,17 +447,6 @@ def _parse_server(server: str) -> str:
     return f"{host}:{int(port_text)}"
 
 
-def _ce_time(created_at: dt.datetime) -> str:
-    """RFC 3339 in UTC with a ``Z`` and microseconds, as the other adapters write ``ce-time``;
-    a naive timestamp is taken to be UTC already (stores hand back UTC)."""
-    tz = created_at.tzinfo
-    if tz is dt.UTC:  # the common case, one call: "...+00:00" -> "...Z"
-        return created_at.isoformat(timespec="microseconds")[:-6] + "Z"
-    if tz is not None:
-        created_at = created_at.astimezone(dt.UTC).replace(tzinfo=None)
-    return created_at.isoformat(timespec="microseconds") + "Z"
-
-
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():  # the awaiting publish() may have been cancelled
         future.set_result(None)
@@ -690,9 +673,7 @@ class KafkaPublisher:
         self._retiring: list[_Producer] = []
         self._started = 0
         self._closed = False
-        # Header tuples that are the same for every record are built once.
-        self._source_header = ("ce_source", settings.source)
-        self._spec_header = ("ce_specversion", SPECVERSION)
+        self._encode_headers = header_encoder(settings.source)
 
     @classmethod
     def from_url(cls, url: str) -> KafkaPublisher:
@@ -764,22 +745,9 @@ class KafkaPublisher:
     async def _produce_all(self, producer: _Producer, batch: _Batch) -> None:
         produce = producer.client.produce
         delivered = batch.delivered
-        source_header, spec_header = self._source_header, self._spec_header
-        reserved = RESERVED_HEADERS
+        encode_headers = self._encode_headers
         for index, message in enumerate(batch.messages):
-            headers: list[tuple[str, str | bytes | None]] = [
-                ("ce_id", message.id),
-                source_header,
-                spec_header,
-                ("ce_time", _ce_time(message.created_at)),
-                ("content-type", message.content_type),
-            ]
-            if message.type is not None:
-                headers.append(("ce_type", message.type))
-            if message.headers:
-                headers.extend(
-                    (name, value) for name, value in message.headers.items() if name not in reserved
-                )
+            headers = encode_headers(message)
             callback = functools.partial(delivered, index)
             while True:
                 try:

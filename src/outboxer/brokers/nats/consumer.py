@@ -9,7 +9,7 @@ whole batch; a message not acknowledged within ``ack_wait`` (a crash, a stop dur
 outage) is delivered again by JetStream, and the inbox drops it if it was handled.
 
 Messages are decoded from the publisher's wire format (``Nats-Msg-Id``/``ce-id``, ``ce-type``,
-``ce-time``, ``ce-partitionkey``, ``content-type``) by :func:`outboxer.inbox.wire.from_nats`.
+``ce-time``, ``ce-partitionkey``, ``content-type``) by :func:`.wire.decode`.
 
 URL: the publisher's ``nats://`` URL (servers, credentials, ``name``, ``connect_timeout``,
 ``tls_ca_file``) plus these consumer options, all optional:
@@ -45,13 +45,13 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from outboxer.brokers._options import split_options
+from outboxer.brokers.nats.publisher import NatsSettings
+from outboxer.brokers.nats.wire import decode
 from outboxer.config import Backoff
-from outboxer.consumers import split_options
 from outboxer.errors import BrokerUnavailable, ConfigurationError
 from outboxer.inbox.consumer import Deliver
 from outboxer.inbox.inbox import ConsumerStopping, validate_consumer_name
-from outboxer.inbox.wire import from_nats
-from outboxer.publishers.nats import NatsSettings
 
 __all__ = ["NatsConsumer", "NatsConsumerSettings", "durable_name"]
 
@@ -256,7 +256,7 @@ class NatsConsumer:
                 except (ValueError, AttributeError, IndexError):
                     stream, sequence = None, None
                 messages.append(
-                    from_nats(
+                    decode(
                         subject=msg.subject,
                         data=msg.data,
                         headers=msg.headers,

@@ -108,6 +108,7 @@ import pika.spec  # type: ignore[import-untyped]
 from pika.adapters.asyncio_connection import AsyncioConnection  # type: ignore[import-untyped]
 from pika.adapters.utils import connection_workflow  # type: ignore[import-untyped]
 
+from outboxer.brokers.rabbitmq import wire
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -117,16 +118,12 @@ from outboxer.errors import (
 )
 from outboxer.message import Message
 
-__all__ = ["KEY_HEADER", "RabbitMQPublisher", "RabbitMQSettings"]
+__all__ = ["RabbitMQPublisher", "RabbitMQSettings"]
 
 log = logging.getLogger(__name__)
 
-#: The header that carries the message key (AMQP has no key field of its own).
-KEY_HEADER = "x-outbox-key"
-
 Unroutable = Literal["dead-letter", "ack"]
 
-_PERSISTENT = 2
 _FLUSH_BYTES = 1 << 20  # write queued frames at least every MiB (large payloads)
 _CLOSE_GRACE = 2.0  # seconds for pika's closing handshake before the socket is just dropped
 _SHORTSTR_MAX = 255  # AMQP short strings (routing key, property strings, table keys)
@@ -450,17 +447,7 @@ class _Link:
 
         Raises whatever pika raises while marshalling (nothing is queued then).
         """
-        headers = dict(message.headers)
-        if message.key is not None:
-            headers[KEY_HEADER] = message.key
-        properties = pika.BasicProperties(
-            content_type=message.content_type,
-            headers=headers,
-            delivery_mode=_PERSISTENT,
-            message_id=message.id,
-            timestamp=int(message.created_at.timestamp()),
-            type=message.type,
-        )
+        properties = wire.properties(message)
         if self._write is None:
             self.channel.basic_publish(
                 self.settings.exchange, message.topic, message.payload, properties, mandatory=True

@@ -93,9 +93,6 @@ appear in reprs, logs or error messages; errors name the endpoint as ``scheme://
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import hashlib
-import hmac
 import re
 import ssl
 from collections.abc import Iterator, Mapping, Sequence
@@ -107,6 +104,7 @@ from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 import httpx
 
+from outboxer.brokers.http import wire
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -142,33 +140,12 @@ _RESERVED = frozenset(
 )
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _PRINTABLE = re.compile(r"[\t\x20-\x7e]*")
-#: CloudEvents HTTP binding 3.1.3.2: percent-encode space, '"', '%' and non-printable ASCII.
-_CE_UNSAFE = re.compile(r'[^\x21-\x7e]|["%]')
 _EXCERPT = 200
 #: Connections per httpx pool. httpcore walks every connection of its pool (one readability
 #: check per idle connection) each time it assigns a request, so a single pool of 64
 #: connections costs O(64) per request and ran ~4x slower here than small pools sharing the
 #: same number of connections (see docs/brokers/http.md, "Throughput").
 _POOL_SIZE = 4
-
-
-def _ce_value(value: str) -> str:
-    """A string attribute as a ``ce-*`` header value (percent-encoded only where needed)."""
-    if _CE_UNSAFE.search(value) is None:
-        return value
-    return "".join(
-        chr(b) if 0x21 <= b <= 0x7E and b not in (0x22, 0x25) else f"%{b:02X}"
-        for b in value.encode()
-    )
-
-
-def _ce_time(created_at: dt.datetime) -> str:
-    """RFC 3339 in UTC with a ``Z``; a naive timestamp is taken to be UTC already."""
-    if created_at.tzinfo is None:
-        created_at = created_at.replace(tzinfo=dt.UTC)
-    else:
-        created_at = created_at.astimezone(dt.UTC)
-    return created_at.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def _pick(
@@ -367,7 +344,7 @@ class HttpPublisher:
             raise ConfigurationError(
                 f"HTTP publisher: cannot load the TLS CA certificates from verify=: {exc}"
             ) from None
-        self._source = _ce_value(self.settings.source)
+        self._source = wire.ce_value(self.settings.source)
         self._templated = "{topic}" in endpoint
         self._urls: dict[str, httpx.URL] = {}
         # The in-flight window: one slot per allowed request, each slot naming the client (a
@@ -489,29 +466,12 @@ class HttpPublisher:
         return url
 
     def _headers(self, message: Message) -> dict[str, str] | PermanentPublishError:
-        ce_id = _ce_value(message.id)
-        ce_time = _ce_time(message.created_at)
-        headers = {
-            "content-type": message.content_type,
-            "ce-specversion": "1.0",
-            "ce-id": ce_id,
-            "ce-type": _ce_value(message.type or message.topic),
-            "ce-source": self._source,
-            "ce-time": ce_time,
-            "ce-topic": _ce_value(message.topic),
-        }
-        if message.key is not None:
-            headers["ce-partitionkey"] = _ce_value(message.key)
+        headers = wire.headers(message, self._source, self.settings.secret)
         for name, value in message.headers.items():
             problem = _header_problem(name, value, self._reserved)
             if problem is not None:
                 return PermanentPublishError(f"not sent: {problem}")
             headers[name] = value
-        secret = self.settings.secret
-        if secret is not None:
-            signed = f"{ce_id}.{ce_time}.".encode() + message.payload
-            digest = hmac.new(secret, signed, hashlib.sha256).hexdigest()
-            headers["webhook-signature"] = "sha256=" + digest
         return headers
 
     async def _send(self, message: Message, client: httpx.AsyncClient) -> PublishError | None:

@@ -1,0 +1,8 @@
+"""HTTP webhooks: settings, wire format (:mod:`.wire`) and publisher (no consumer)."""
+
+from outboxer.brokers.http.publisher import HttpPublisher, HttpSettings
+
+__all__ = ["HttpPublisher", "HttpSettings", "publisher_from_url"]
+
+#: Used by :func:`outboxer.brokers.publisher_from_url` (which passes ``secret=``).
+publisher_from_url = HttpPublisher.from_url

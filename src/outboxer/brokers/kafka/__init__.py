@@ -1,0 +1,18 @@
+"""The kafka broker: settings, wire format (:mod:`.wire`), publisher and consumer."""
+
+from outboxer.brokers.kafka.consumer import KafkaConsumer, KafkaConsumerSettings
+from outboxer.brokers.kafka.publisher import KafkaPublisher, KafkaSettings
+
+__all__ = [
+    "KafkaConsumer",
+    "KafkaConsumerSettings",
+    "KafkaPublisher",
+    "KafkaSettings",
+    "consumer_from_url",
+    "publisher_from_url",
+]
+
+#: Used by :func:`outboxer.brokers.publisher_from_url`.
+publisher_from_url = KafkaPublisher.from_url
+#: Used by :func:`outboxer.brokers.consumer_from_url`.
+consumer_from_url = KafkaConsumer.from_url

@@ -1,0 +1,18 @@
+"""The nats broker: settings, wire format (:mod:`.wire`), publisher and consumer."""
+
+from outboxer.brokers.nats.consumer import NatsConsumer, NatsConsumerSettings
+from outboxer.brokers.nats.publisher import NatsPublisher, NatsSettings
+
+__all__ = [
+    "NatsConsumer",
+    "NatsConsumerSettings",
+    "NatsPublisher",
+    "NatsSettings",
+    "consumer_from_url",
+    "publisher_from_url",
+]
+
+#: Used by :func:`outboxer.brokers.publisher_from_url`.
+publisher_from_url = NatsPublisher.from_url
+#: Used by :func:`outboxer.brokers.consumer_from_url`.
+consumer_from_url = NatsConsumer.from_url

@@ -1,0 +1,18 @@
+"""The rabbitmq broker: settings, wire format (:mod:`.wire`), publisher and consumer."""
+
+from outboxer.brokers.rabbitmq.consumer import RabbitMQConsumer, RabbitMQConsumerSettings
+from outboxer.brokers.rabbitmq.publisher import RabbitMQPublisher, RabbitMQSettings
+
+__all__ = [
+    "RabbitMQConsumer",
+    "RabbitMQConsumerSettings",
+    "RabbitMQPublisher",
+    "RabbitMQSettings",
+    "consumer_from_url",
+    "publisher_from_url",
+]
+
+#: Used by :func:`outboxer.brokers.publisher_from_url`.
+publisher_from_url = RabbitMQPublisher.from_url
+#: Used by :func:`outboxer.brokers.consumer_from_url`.
+consumer_from_url = RabbitMQConsumer.from_url

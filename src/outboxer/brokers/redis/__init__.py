@@ -1,0 +1,18 @@
+"""The redis broker: settings, wire format (:mod:`.wire`), publisher and consumer."""
+
+from outboxer.brokers.redis.consumer import RedisConsumer, RedisConsumerSettings
+from outboxer.brokers.redis.publisher import RedisPublisher, RedisSettings
+
+__all__ = [
+    "RedisConsumer",
+    "RedisConsumerSettings",
+    "RedisPublisher",
+    "RedisSettings",
+    "consumer_from_url",
+    "publisher_from_url",
+]
+
+#: Used by :func:`outboxer.brokers.publisher_from_url`.
+publisher_from_url = RedisPublisher.from_url
+#: Used by :func:`outboxer.brokers.consumer_from_url`.
+consumer_from_url = RedisConsumer.from_url
