@@ -55,7 +55,7 @@ def consumer_from_url(
     factory = getattr(module, "consumer_from_url", None)
     if factory is None:
         raise ConfigurationError(
-            f"{urls.scheme_of(url)}:// brokers cannot be consumed from: use one of "
+            f"unsupported broker URL {urls.scheme_of(url)}:// for consuming: use one of "
             + ", ".join(f"{s}://" for s in _CONSUMABLE)
         )
     if not topics:
