@@ -181,6 +181,14 @@ def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, sqlite_url: str
     assert replayed == {"replayed": [poison[0]], "count": 1, "not_found": []}
     stats = json.loads(cli("stats", *db, "--json").stdout)
     assert (stats["pending"], stats["dead_letters"]) == (1, 2)
+    # The application writes a dead letter's id anew: replaying it is refused, by name.
+    conn = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    with conn:
+        outboxer.enqueue(conn, "audit", {"p": "anew"}, id=poison[1])
+    conn.close()
+    again = cli("dlq", "replay", *db, poison[1])
+    assert again.returncode == 1 and "in the outbox again" in again.stderr
+    assert "no dead letter" not in again.stderr
 
     purged = cli("dlq", "purge", *db, "--topic", "audit", "--yes")
     assert purged.returncode == 0 and "purged 2" in purged.stdout

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -275,6 +276,24 @@ class StoreContract:
         await add("t", {"n": "again"}, id=dead_id)  # the application wrote the id anew
         assert await store.replay_dead_letters(DeadLetterFilter(ids=[dead_id])) == []
         assert (await store.get_dead_letter(dead_id)).id == dead_id
+
+    async def test_a_reused_id_that_fails_again_replaces_its_dead_letter_and_the_batch_settles(
+        self, store: Any, add: Add
+    ) -> None:
+        [reused] = await self._dead_letters(store, add, 1)
+        older = await self._dead_letters(store, add, 1)
+        await add("t", {"n": "anew"}, id=reused)  # ids may be reused: the application did
+        other = await add("t", {"n": "other"})
+        c = await claim(store)
+        assert sorted(m.id for m in c.messages) == sorted([reused, other])
+        await store.settle(c, Settlement(dead=[(reused, "failed again")], published=[other]))
+        stats = await store.stats()
+        assert (stats.pending, stats.in_flight, stats.dead_letters) == (0, 0, 2)
+        page = await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)
+        assert [d.id for d in page.items] == [reused, *older]  # the newest, replaced
+        replaced = page.items[0]
+        assert replaced.failure_reason == "failed again" and replaced.attempts == 1
+        assert json.loads(replaced.payload) == {"n": "anew"}
 
     async def test_a_dead_lettered_key_can_be_held_until_an_operator_acts(
         self, store: Store, add: Add

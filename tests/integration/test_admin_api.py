@@ -285,6 +285,22 @@ async def test_replay_one_moves_it_back_to_the_outbox_with_its_id_and_attempts_r
     assert (await admin.get(f"/api/deadletters/{other}")).status_code == 200
 
 
+async def test_replay_of_a_dead_letter_whose_id_is_back_in_the_outbox_is_a_conflict(
+    admin: Client, make_dead: MakeDead, pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    [dead_id] = await make_dead("orders", 1)
+    conn = await asyncpg.connect(pg_url)
+    try:  # the application writes the same id anew
+        await Outbox(schema=pg_schema).enqueue_async(conn, "orders", {"again": 1}, id=dead_id)
+    finally:
+        await conn.close()
+    response = await admin.post(f"/api/deadletters/{dead_id}/replay")
+    assert response.status_code == 409, response.text
+    assert "in the outbox again" in response.text and "no dead letter" not in response.text
+    assert (await admin.get(f"/api/deadletters/{dead_id}")).status_code == 200  # still there
+    assert (await admin.post("/api/deadletters/nope/replay")).status_code == 404
+
+
 @pytest.mark.parametrize(
     ("body", "expected"),
     [

@@ -303,3 +303,45 @@ async def test_stats_flag_work_nobody_owns(
     assert stats.unowned_in_flight == 3
     [relay] = stats.relays
     assert (relay.relay_id, relay.in_flight) == (live.relay_id, 2)
+
+
+class ListenFails(asyncpg.Connection):
+    """A connection whose LISTEN fails or hangs, as during a PostgreSQL restart."""
+
+    mode = "fail"
+
+    async def add_listener(self, channel: str, callback: Any) -> None:
+        if ListenFails.mode == "fail":
+            raise asyncpg.InterfaceError("connection was closed in the middle of operation")
+        if ListenFails.mode == "hang":
+            await asyncio.sleep(3600)
+        await super().add_listener(channel, callback)
+
+
+async def test_a_failed_or_cancelled_listen_gives_its_connection_back(
+    pg_url: str, pg_schema: str, pg_store: PostgresStore
+) -> None:
+    pool = await asyncpg.create_pool(pg_url, min_size=1, max_size=2, connection_class=ListenFails)
+    try:
+        store = PostgresStore(pool, TableNames(schema=pg_schema))
+        ListenFails.mode = "fail"
+        for _ in range(5):  # more failures than the pool has connections
+            assert await asyncio.wait_for(store.wait_for_messages(0.01), 5) is False
+        ListenFails.mode = "hang"
+        for _ in range(5):
+            waiting = asyncio.create_task(store.wait_for_messages(10))
+            await asyncio.sleep(0.05)
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+        assert pool.get_idle_size() == pool.get_size()  # nothing held
+        ListenFails.mode = "ok"
+        async with pool.acquire() as conn:  # the pool still serves, and LISTEN works again
+            await conn.execute("SELECT 1")
+        woke = asyncio.create_task(store.wait_for_messages(10))
+        await asyncio.sleep(0.1)
+        async with pool.acquire() as conn:
+            await outboxer.Outbox(schema=pg_schema).enqueue_async(conn, "t", {"n": 1})
+        assert await asyncio.wait_for(woke, 10) is True
+        await store.close()
+    finally:
+        pool.terminate()  # close() would wait for the connections a leak never gives back

@@ -9,14 +9,55 @@ from typing import Any
 import asyncpg
 import pytest
 
+from outboxer.errors import StoreError
+from outboxer.message import Message
 from outboxer.outbox import Outbox
+from outboxer.ports import ConsumeFailure, DeadLetterFilter, Settlement
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
 from tests.conftest import wait_past_commit_gate
 from tests.contracts.store import StoreContract
 
 
-class TestSqliteStore(StoreContract):
+class ReplayIsOneTransaction:
+    """Replaying publish and consume dead letters together is all or nothing."""
+
+    async def refuse_consume_replays(self, store: Any) -> None:
+        raise NotImplementedError
+
+    async def test_a_failing_consume_replay_undoes_the_publish_replay(
+        self, store: Any, add: Any
+    ) -> None:
+        published = await add("t", {"n": 1})
+        c = await store.claim_batch(limit=1, lease_seconds=30, ordered=True, relay_id="r")
+        await store.settle(c, Settlement(dead=[(published, "rejected")]))
+
+        async def broken(message: Message, conn: Any, attempt: int) -> None:
+            raise RuntimeError("handler bug")
+
+        consumed = Message(id="consumed", topic="t", payload=b"{}")
+        assert await store.consume(
+            "c",
+            [consumed],
+            broken,
+            on_failure=lambda m, a, e: ConsumeFailure("gave up", None),
+            retention_seconds=60,
+        ) == ["dead"]
+        await self.refuse_consume_replays(store)
+        with pytest.raises((StoreError, sqlite3.IntegrityError)):
+            await store.replay_dead_letters(DeadLetterFilter(topic="t"))
+        page = await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)
+        assert sorted(d.id for d in page.items) == sorted([published, "consumed"])
+        assert (await store.stats()).pending == 0  # the publish replay was rolled back too
+
+
+class TestSqliteStore(StoreContract, ReplayIsOneTransaction):
+    async def refuse_consume_replays(self, store: Any) -> None:
+        await store.execute(
+            "CREATE TRIGGER refuse BEFORE UPDATE ON {inbox_failures} "
+            "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+
     @pytest.fixture
     def store(self, sqlite_store: SqliteStore) -> SqliteStore:
         return sqlite_store
@@ -34,7 +75,18 @@ class TestSqliteStore(StoreContract):
         return add
 
 
-class TestPostgresStore(StoreContract):
+class TestPostgresStore(StoreContract, ReplayIsOneTransaction):
+    async def refuse_consume_replays(self, store: Any) -> None:
+        schema = store.names.schema
+        await store.execute(
+            f'CREATE FUNCTION "{schema}".refuse() RETURNS trigger LANGUAGE plpgsql AS '
+            "$$ BEGIN RAISE EXCEPTION 'refused'; END $$"
+        )
+        await store.execute(
+            "CREATE TRIGGER refuse BEFORE UPDATE ON {inbox_failures} "
+            f'FOR EACH ROW EXECUTE FUNCTION "{schema}".refuse()'
+        )
+
     @pytest.fixture
     def store(self, pg_store: PostgresStore) -> PostgresStore:
         return pg_store

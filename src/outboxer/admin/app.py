@@ -342,6 +342,13 @@ async def purge_many(store: StoreDep, body: DeadLetterFilterBody) -> dict[str, A
     return _bulk_result("purged", purged, flt)
 
 
+#: Why a dead letter that exists was not replayed (the stores skip it rather than collide).
+_BACK_IN_THE_OUTBOX = (
+    "a message with this id is in the outbox again (the application wrote it anew): replay "
+    "this dead letter once that message is published, or purge it"
+)
+
+
 @api.post(
     "/deadletters/{dead_letter_id}/replay",
     response_model=BulkResult,
@@ -359,8 +366,9 @@ async def replay_one(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str,
         )
     flt = DeadLetterFilter(ids=[dead_letter_id])
     replayed = await store.replay_dead_letters(flt)
-    if not replayed:  # deleted or replayed by someone else in the meantime
-        raise NotFound(f"no dead letter with id {dead_letter_id!r}")
+    if not replayed:
+        await store.get_dead_letter(dead_letter_id)  # deleted or replayed meanwhile → 404
+        raise HTTPException(409, _BACK_IN_THE_OUTBOX)
     log.info("replayed dead letter %s", dead_letter_id)
     return _bulk_result("replayed", replayed, flt)
 

@@ -120,19 +120,34 @@ def _bulk(
 ) -> None:
     progress = not as_json and sys.stderr.isatty()
 
-    async def run(store: AdminStore) -> list[str]:
+    async def run(store: AdminStore) -> tuple[list[str], set[str]]:
         if progress:
-            return await _bulk_in_chunks(store, verb, action, flt)
-        return await action(store, flt)
+            done = await _bulk_in_chunks(store, verb, action, flt)
+        else:
+            done = await action(store, flt)
+        missing = sorted(set(flt.ids or ()) - set(done))
+        if not missing or verb != "replayed":
+            return done, set()
+        # A replay skips a dead letter whose id is in the outbox again: it still exists.
+        page = await store.list_dead_letters(
+            DeadLetterFilter(ids=missing), limit=len(missing), cursor=None
+        )
+        return done, {d.id for d in page.items}
 
-    done = with_store(run, database_url, names)
-    missing = sorted(set(flt.ids or ()) - set(done))
+    done, skipped = with_store(run, database_url, names)
+    missing = sorted(set(flt.ids or ()) - set(done) - skipped)
     if as_json:
         click.echo(json.dumps({verb: done, "count": len(done), "not_found": missing}, indent=2))
     else:
         click.echo(f"{verb} {len(done)} dead letter(s)")
         for i in done:
             click.echo(f"  {i}")
+    if skipped:
+        fail(
+            f"not replayed: {', '.join(sorted(skipped))}: a message with the same id is in the "
+            "outbox again; replay once it is published, or purge the dead letter"
+            + (f"; no dead letter with id {', '.join(missing)}" if missing else "")
+        )
     if missing:
         fail(f"no dead letter with id {', '.join(missing)}")
 

@@ -363,10 +363,21 @@ class PostgresStore(InboxSteps):
         self._listener = None
         try:
             conn = await self.pool.acquire()
-            await conn.add_listener(self.names.channel, self._ring)
-            self._listener = conn
         except Exception as exc:  # noqa: BLE001 - polling is the documented fallback
             log.warning("LISTEN unavailable, polling only: %s", exc)
+            return
+        try:
+            await conn.add_listener(self.names.channel, self._ring)
+        except BaseException as exc:
+            # Failed, or cancelled (the relay stops waiting whenever a batch finishes): the
+            # connection goes back to the pool, or each database restart would eat one.
+            with contextlib.suppress(Exception):
+                await self.pool.release(conn, timeout=2)
+            if not isinstance(exc, Exception):
+                raise
+            log.warning("LISTEN unavailable, polling only: %s", exc)
+            return
+        self._listener = conn
 
     def _ring(self, *_: object) -> None:
         self._doorbell.set()
@@ -433,22 +444,26 @@ class PostgresStore(InboxSteps):
             raise NotFound(f"no dead letter with id {dead_letter_id!r}")
         return page.items[0]
 
-    async def _bulk(self, query: str, flt: DeadLetterFilter) -> list[str]:
+    async def _bulk(self, queries: Sequence[str], flt: DeadLetterFilter) -> list[str]:
+        """Run ``queries`` in one transaction; the ids they return, in order."""
+
         async def run(conn: Conn) -> list[str]:
+            ids: list[str] = []
             async with conn.transaction():
-                rows = await conn.fetch(self._q[query], *self._filter_args(flt))
-            return [r["id"] for r in rows]
+                for query in queries:
+                    rows = await conn.fetch(self._q[query], *self._filter_args(flt))
+                    ids.extend(r["id"] for r in rows)
+            return ids
 
         return await self._run(run)
 
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
-        # Consume dead letters are re-driven to their consumer instead (see docs/inbox.md).
-        return await self._bulk("replay_dead_letters", flt) + (
-            await self._replay_consume_dead_letters(flt)
-        )
+        # Consume dead letters are re-driven to their consumer instead (see docs/inbox.md); both
+        # kinds in one transaction, so a replay is all or nothing.
+        return await self._bulk(("replay_dead_letters", "replay_consume_dead_letters"), flt)
 
     async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
-        return await self._bulk("purge_dead_letters", flt)
+        return await self._bulk(("purge_dead_letters",), flt)
 
     async def execute(self, sql: str, *args: Any) -> Sequence[asyncpg.Record]:
         """Run SQL with the outbox placeholders rendered (tests and benchmarks)."""
@@ -717,9 +732,6 @@ class PostgresStore(InboxSteps):
             reason,
             attempts,
         )
-
-    async def _replay_consume_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
-        return await self._bulk("replay_consume_dead_letters", flt)
 
     async def _sweep_inbox(self) -> None:
         """Purge expired inbox rows in batches (bounded in time) and forget the failure rows of

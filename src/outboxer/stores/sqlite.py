@@ -419,12 +419,19 @@ class SqliteStore(InboxSteps):
                 async with conn.execute(self._q["replay_copy"], params) as cur:
                     ids = [r["id"] for r in await cur.fetchall()]
                 await conn.execute(self._q["replay_delete"], {"replayed": json.dumps(ids)})
-                return ids
+                # Consume dead letters are re-driven to their consumer instead (see
+                # docs/inbox.md); both kinds in one transaction, so a replay is all or nothing.
+                async with conn.execute(self._q["replay_consume_select"], params) as cur:
+                    consumed = [r["id"] for r in await cur.fetchall()]
+                if consumed:
+                    replayed = {"replayed": json.dumps(consumed)}
+                    for step in ("revive", "keep", "delete"):
+                        await conn.execute(self._q[f"replay_consume_{step}"], replayed)
+                return ids + consumed
 
             return await self._transaction(conn, work)
 
-        # Consume dead letters are re-driven to their consumer instead (see docs/inbox.md).
-        return await self._run(replay) + await self._replay_consume_dead_letters(flt)
+        return await self._run(replay)
 
     async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         params = self._filter_params(flt)
@@ -645,23 +652,6 @@ class SqliteStore(InboxSteps):
     ) -> None:
         params = {**self._message_params(message), "reason": reason, "attempts": attempts}
         await conn.execute(self._q["inbox_dead_letter"], params)
-
-    async def _replay_consume_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
-        params = self._filter_params(flt)
-
-        async def replay(conn: aiosqlite.Connection) -> list[str]:
-            async def work() -> list[str]:
-                async with conn.execute(self._q["replay_consume_select"], params) as cur:
-                    ids = [r["id"] for r in await cur.fetchall()]
-                if ids:
-                    replayed = {"replayed": json.dumps(ids)}
-                    for step in ("revive", "keep", "delete"):
-                        await conn.execute(self._q[f"replay_consume_{step}"], replayed)
-                return ids
-
-            return await self._transaction(conn, work)
-
-        return await self._run(replay)
 
     async def _sweep_inbox(self) -> None:
         """Purge expired inbox rows in batches and forget the failure rows of purged consume

@@ -83,6 +83,9 @@ WHERE id = ANY($1::text[]) AND claim_token = $2
 
 -- name: dead_letter
 -- Moves rows in one statement: the DELETE and the INSERT commit or fail together.
+-- Ids may be reused (docs/guarantees.md): a message whose id already has a dead letter replaces
+-- it, as the newest (a fresh dl_seq). A plain INSERT would fail on the unique id and with it the
+-- settle of the whole batch, forever (every lease).
 WITH failed AS (
     SELECT * FROM unnest($1::text[], $2::text[]) AS f(id, reason)
 ), moved AS (
@@ -95,6 +98,12 @@ INSERT INTO {dead_letters} (id, topic, key, type, payload, content_type, headers
 SELECT id, topic, key, type, payload, content_type, headers, created_at, reason, attempts + 1,
        'publish'
 FROM moved
+ON CONFLICT (id) DO UPDATE
+    SET dl_seq = DEFAULT, topic = EXCLUDED.topic, key = EXCLUDED.key, type = EXCLUDED.type,
+        payload = EXCLUDED.payload, content_type = EXCLUDED.content_type,
+        headers = EXCLUDED.headers, created_at = EXCLUDED.created_at,
+        dead_lettered_at = now(), failure_reason = EXCLUDED.failure_reason,
+        attempts = EXCLUDED.attempts, direction = 'publish'
 
 -- name: release_expired
 -- No index covers claim_token (see the fillfactor note in the schema): this scans the table,

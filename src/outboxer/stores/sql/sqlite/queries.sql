@@ -64,7 +64,9 @@ SET claim_token = NULL, locked_by = NULL, locked_until = NULL
 WHERE id IN (SELECT value FROM json_each(:ids)) AND claim_token = :token
 
 -- name: dead_letter_copy
-INSERT INTO {dead_letters} (id, topic, key, type, payload, content_type, headers, created_at,
+-- OR REPLACE: a message whose id already has a dead letter (ids may be reused) replaces it, as
+-- the newest (a new dl_seq); a plain INSERT would fail the settle of the whole batch, forever.
+INSERT OR REPLACE INTO {dead_letters} (id, topic, key, type, payload, content_type, headers, created_at,
                             failure_reason, attempts, direction)
 SELECT o.id, o.topic, o.key, o.type, o.payload, o.content_type, o.headers, o.created_at,
        json_extract(f.value, '$[1]'), o.attempts + 1, 'publish'
