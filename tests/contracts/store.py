@@ -278,7 +278,7 @@ class StoreContract:
         assert (await store.get_dead_letter(dead_id)).id == dead_id
 
     async def test_a_reused_id_that_fails_again_replaces_its_dead_letter_and_the_batch_settles(
-        self, store: Any, add: Add
+        self, store: Store, add: Add
     ) -> None:
         [reused] = await self._dead_letters(store, add, 1)
         older = await self._dead_letters(store, add, 1)
