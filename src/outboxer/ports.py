@@ -10,8 +10,8 @@ The store ports are split by who uses them:
 - :class:`RelayStore`: the relay (claim, settle, doorbell, registry, leases; it also sweeps
   and reads the counts to know when a drain is done);
 - :class:`SweeperStore`: whoever offers to run the periodic sweep (relays, consumers);
-- :class:`StatsStore` and :class:`DeadLetterStore` (together :class:`AdminStore`): operators,
-  through the CLI and the admin API;
+- :class:`StatsStore`, :class:`DeadLetterStore` and :class:`MessageReader` (together
+  :class:`AdminStore`): operators, through the CLI and the admin API;
 - :class:`SchemaStore`: ``outboxer db upgrade`` and the start-up schema check;
 - :class:`InboxStore`: the inbox of consumers.
 
@@ -42,6 +42,11 @@ __all__ = [
     "FailurePolicy",
     "InboxHandler",
     "InboxStore",
+    "MessageFilter",
+    "MessagePage",
+    "MessageReader",
+    "MessageState",
+    "OutboxMessage",
     "OutboxStats",
     "Publisher",
     "RelayInfo",
@@ -104,6 +109,21 @@ class Settlement:
 Direction = Literal["publish", "consume"]
 
 
+def payload_json(payload: bytes, content_type: str) -> Any:
+    """A payload as JSON shows it: parsed JSON, text, or ``{"base64": …}`` for other bytes."""
+    try:
+        text = payload.decode()
+        if content_type.startswith("application/json"):
+            import json
+
+            return json.loads(text)
+    except (UnicodeDecodeError, ValueError):
+        import base64
+
+        return {"base64": base64.b64encode(payload).decode()}
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     """A message that failed for good, with why and how often."""
@@ -123,22 +143,12 @@ class DeadLetter:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON shape of the CLI (``--json``) and the admin API."""
-        try:
-            payload: Any = self.payload.decode()
-            if self.content_type.startswith("application/json"):
-                import json
-
-                payload = json.loads(payload)
-        except (UnicodeDecodeError, ValueError):
-            import base64
-
-            payload = {"base64": base64.b64encode(self.payload).decode()}
         return {
             "id": self.id,
             "topic": self.topic,
             "key": self.key,
             "type": self.type,
-            "payload": payload,
+            "payload": payload_json(self.payload, self.content_type),
             "content_type": self.content_type,
             "headers": dict(self.headers),
             "created_at": self.created_at.isoformat(),
@@ -345,8 +355,103 @@ class DeadLetterStore(Protocol):
         ...
 
 
+#: Where a message not yet published stands, judged in this order:
+#:
+#: - ``in_flight``: leased by a relay (``relay`` names it) that is publishing it;
+#: - ``held``: its key has a publish dead letter; relays started with
+#:   ``--hold-keys-after-dead-letter`` leave it until that dead letter is replayed or purged;
+#: - ``retrying``: a publish attempt failed; the next one is due at ``next_attempt_at``;
+#: - ``scheduled``: written with an ``available_at`` in the future, never tried yet;
+#: - ``pending``: due now, waiting for a relay to claim it.
+MessageState = Literal["pending", "scheduled", "retrying", "in_flight", "held"]
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    """A message still in the outbox, as operators see it: the envelope and where it stands.
+
+    Attributes:
+        next_attempt_at: When it may be claimed (its ``available_at``; in the past when due).
+        last_error: Why the previous attempt failed (or whose lease expired); ``None`` if none.
+        relay: The relay holding its lease, when ``in_flight``.
+        lease_expires_at: When that lease runs out (then the sweeper takes the message back).
+    """
+
+    id: str
+    topic: str
+    key: str | None
+    type: str | None
+    payload: bytes
+    content_type: str
+    headers: Mapping[str, str]
+    created_at: dt.datetime
+    next_attempt_at: dt.datetime
+    attempts: int
+    last_error: str | None
+    state: MessageState
+    relay: str | None = None
+    lease_expires_at: dt.datetime | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON shape of ``outboxer messages --json`` and ``GET /api/messages``."""
+        return {
+            "id": self.id,
+            "topic": self.topic,
+            "key": self.key,
+            "type": self.type,
+            "state": self.state,
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+            "next_attempt_at": self.next_attempt_at.isoformat(),
+            "relay": self.relay,
+            "lease_expires_at": self.lease_expires_at.isoformat()
+            if self.lease_expires_at is not None
+            else None,
+            "created_at": self.created_at.isoformat(),
+            "payload": payload_json(self.payload, self.content_type),
+            "content_type": self.content_type,
+            "headers": dict(self.headers),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFilter:
+    """Selects outbox messages; empty fields match everything."""
+
+    state: MessageState | None = None
+    topic: str | None = None
+    key: str | None = None
+    type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePage:
+    """One page of outbox messages, oldest first (the order relays claim them in); pass
+    ``next_cursor`` to get the next page."""
+
+    items: Sequence[OutboxMessage]
+    next_cursor: str | None
+
+
 @runtime_checkable
-class AdminStore(StatsStore, DeadLetterStore, Protocol):
+class MessageReader(Protocol):
+    """Read-only view of the messages not yet published (CLI ``messages``, admin API)."""
+
+    async def list_messages(
+        self, flt: MessageFilter, *, limit: int, cursor: str | None
+    ) -> MessagePage:
+        """Messages matching ``flt``, oldest first. A page costs an index walk in write order
+        from the cursor, never a scan of the whole backlog (except to find a rare topic/type
+        or state: those are filtered along the walk)."""
+        ...
+
+    async def get_message(self, message_id: str) -> OutboxMessage:
+        """One message still in the outbox; raises ``NotFound``."""
+        ...
+
+
+@runtime_checkable
+class AdminStore(StatsStore, DeadLetterStore, MessageReader, Protocol):
     """What the admin API and the operator commands of the CLI use."""
 
 

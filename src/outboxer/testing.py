@@ -32,12 +32,21 @@ from outboxer.ports import (
     DeadLetterPage,
     FailurePolicy,
     InboxHandler,
+    MessageFilter,
+    MessagePage,
+    MessageState,
+    OutboxMessage,
     OutboxStats,
     RelayInfo,
     Settlement,
     SweepReport,
 )
-from outboxer.stores._common import check_limit, decode_headers, parse_cursor
+from outboxer.stores._common import (
+    check_limit,
+    decode_headers,
+    message_not_found,
+    parse_cursor,
+)
 
 __all__ = ["InMemoryStore", "RecordingPublisher"]
 
@@ -293,6 +302,69 @@ class InMemoryStore:
             return self._dead[dead_letter_id][1]
         except KeyError:
             raise NotFound(f"no dead letter with id {dead_letter_id!r}") from None
+
+    def _outbox_message(
+        self, row: _Row, now: dt.datetime, dead_keys: set[str | None]
+    ) -> OutboxMessage:
+        m = row.message
+        state: MessageState
+        if row.token is not None:
+            state = "in_flight"
+        elif m.key is not None and m.key in dead_keys:
+            state = "held"
+        elif row.available_at > now:
+            state = "retrying" if m.attempts > 0 else "scheduled"
+        else:
+            state = "pending"
+        return OutboxMessage(
+            id=m.id,
+            topic=m.topic,
+            key=m.key,
+            type=m.type,
+            payload=m.payload,
+            content_type=m.content_type,
+            headers=m.headers,
+            created_at=m.created_at,
+            next_attempt_at=row.available_at,
+            attempts=m.attempts,
+            last_error=row.last_error,
+            state=state,
+            relay=row.locked_by if row.token is not None else None,
+            lease_expires_at=row.locked_until if row.token is not None else None,
+        )
+
+    def _dead_keys(self) -> set[str | None]:
+        return {d.key for _, d in self._dead.values() if d.direction == "publish"}
+
+    async def list_messages(
+        self, flt: MessageFilter, *, limit: int, cursor: str | None
+    ) -> MessagePage:
+        limit = check_limit(limit)
+        after = parse_cursor(cursor)
+        now, dead_keys = _now(), self._dead_keys()
+        found: list[tuple[int, OutboxMessage]] = []
+        for row in sorted(self._rows.values(), key=lambda r: r.seq):
+            if after is not None and row.seq <= after:
+                continue
+            message = self._outbox_message(row, now, dead_keys)
+            if (
+                (flt.state is None or message.state == flt.state)
+                and (flt.topic is None or message.topic == flt.topic)
+                and (flt.key is None or message.key == flt.key)
+                and (flt.type is None or message.type == flt.type)
+            ):
+                found.append((row.seq, message))
+                if len(found) > limit:
+                    break
+        page = found[:limit]
+        next_cursor = str(page[-1][0]) if len(found) > limit else None
+        return MessagePage([m for _, m in page], next_cursor)
+
+    async def get_message(self, message_id: str) -> OutboxMessage:
+        row = self._rows.get(message_id)
+        if row is None:
+            raise message_not_found(message_id)
+        return self._outbox_message(row, _now(), self._dead_keys())
 
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         replayed = []

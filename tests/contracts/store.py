@@ -22,6 +22,8 @@ from outboxer.ports import (
     DeadLetterFilter,
     DeadLetterStore,
     InboxStore,
+    MessageFilter,
+    MessageReader,
     RelayStore,
     Retry,
     Settlement,
@@ -49,6 +51,7 @@ class StoreContract:
             SweeperStore,
             StatsStore,
             DeadLetterStore,
+            MessageReader,
             AdminStore,
             InboxStore,
             Store,
@@ -312,3 +315,107 @@ class StoreContract:
             limit=10, lease_seconds=30, ordered=True, relay_id=RELAY, hold_dead_keys=True
         )
         assert [m.id for m in released.messages] == [second]
+
+    # -- messages not yet published (operators' read-only view) -------------------------------
+
+    async def test_messages_show_where_each_one_stands(self, store: Store, add: Add) -> None:
+        dead = await add("t", {"n": 1}, key="h")
+        retrying = await add("t", {"n": 2}, key="r")
+        leased = await add("t", {"n": 3}, key="f")
+        c = await claim(store, 3, ordered=False)
+        await store.settle(
+            c,
+            Settlement(dead=[(dead, "rejected")], retries=[Retry(retrying, 60, "broker said no")]),
+        )
+        held = await add("t", {"n": 4}, key="h")
+        pending = await add("t", {"n": 5}, type="T")
+        scheduled = await add("t", {"n": 6}, available_at=dt.timedelta(hours=1))
+        before = dt.datetime.now(dt.UTC)
+
+        page = await store.list_messages(MessageFilter(), limit=10, cursor=None)
+        assert page.next_cursor is None
+        states = {m.id: m.state for m in page.items}
+        assert [m.id for m in page.items] == [retrying, leased, held, pending, scheduled]
+        assert states == {
+            retrying: "retrying",
+            leased: "in_flight",
+            held: "held",
+            pending: "pending",
+            scheduled: "scheduled",
+        }
+        for state, message_id in [
+            ("retrying", retrying),
+            ("in_flight", leased),
+            ("held", held),
+            ("pending", pending),
+            ("scheduled", scheduled),
+        ]:
+            only = await store.list_messages(MessageFilter(state=state), limit=10, cursor=None)
+            assert [m.id for m in only.items] == [message_id], state
+
+        retry = await store.get_message(retrying)
+        assert (retry.attempts, retry.last_error, retry.relay) == (1, "broker said no", None)
+        assert retry.next_attempt_at > before + dt.timedelta(seconds=50)
+        lease = await store.get_message(leased)
+        assert lease.relay == RELAY and lease.lease_expires_at is not None
+        assert lease.lease_expires_at > before and lease.attempts == 0
+        fresh = await store.get_message(pending)
+        assert (fresh.type, fresh.last_error, fresh.relay, fresh.lease_expires_at) == (
+            "T",
+            None,
+            None,
+            None,
+        )
+        assert fresh.next_attempt_at <= dt.datetime.now(dt.UTC) and fresh.created_at <= before
+        shape = fresh.to_json()
+        assert shape["payload"] == {"n": 5} and shape["state"] == "pending"
+        assert set(shape) == {
+            "id",
+            "topic",
+            "key",
+            "type",
+            "state",
+            "attempts",
+            "last_error",
+            "next_attempt_at",
+            "relay",
+            "lease_expires_at",
+            "created_at",
+            "payload",
+            "content_type",
+            "headers",
+        }
+        with pytest.raises(NotFound):
+            await store.get_message(dead)  # a dead letter now, not an outbox message
+        with pytest.raises(NotFound):
+            await store.get_message("no-such-id")
+
+    async def test_messages_page_oldest_first_and_filter(self, store: Store, add: Add) -> None:
+        ids = [
+            await add(("a", "b")[n % 2], {"n": n}, key=f"k{n % 3}", type=("X", "Y")[n % 2])
+            for n in range(7)
+        ]
+        seen: list[str] = []
+        cursor = None
+        while True:
+            page = await store.list_messages(MessageFilter(), limit=3, cursor=cursor)
+            assert len(page.items) <= 3
+            seen += [m.id for m in page.items]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert seen == ids
+
+        async def listed(flt: MessageFilter) -> list[str]:
+            return [m.id for m in (await store.list_messages(flt, limit=100, cursor=None)).items]
+
+        assert await listed(MessageFilter(topic="b")) == ids[1::2]
+        assert await listed(MessageFilter(key="k1")) == ids[1::3]
+        assert await listed(MessageFilter(type="X", key="k0")) == [ids[0], ids[6]]
+        assert await listed(MessageFilter(topic="a", state="pending")) == ids[0::2]
+        assert await listed(MessageFilter(topic="nope")) == []
+        assert await listed(MessageFilter(state="in_flight")) == []
+        with pytest.raises(ConfigurationError):
+            await store.list_messages(MessageFilter(), limit=0, cursor=None)
+        with pytest.raises(ConfigurationError):
+            await store.list_messages(MessageFilter(), limit=5, cursor="not-a-cursor")

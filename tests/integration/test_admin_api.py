@@ -24,7 +24,7 @@ from outboxer.admin import create_app, create_app_from_url
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError, StoreUnavailable
 from outboxer.outbox import Outbox
-from outboxer.ports import OutboxStats, RelayInfo, Settlement, Store
+from outboxer.ports import OutboxStats, RelayInfo, Retry, Settlement, Store
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore
@@ -51,17 +51,22 @@ async def admin(pg_store: PostgresStore) -> AsyncIterator[Client]:
 
 
 @pytest.fixture
-async def make_dead(pg_store: PostgresStore, pg_url: str, pg_schema: str) -> MakeDead:
-    """``await make_dead(topic, n, type=..., key=...)``: commit n messages, dead-letter them."""
+async def write(pg_url: str, pg_schema: str) -> MakeDead:
+    """``await write(topic, n, type=..., key=..., available_at=...)``: commit n messages."""
     outbox = Outbox(schema=pg_schema)
 
     async def make(
-        topic: str = "orders", n: int = 1, *, type: str | None = "OrderCreated", key: Any = None
+        topic: str = "orders",
+        n: int = 1,
+        *,
+        type: str | None = "OrderCreated",
+        key: Any = None,
+        **options: Any,
     ) -> list[str]:
         conn = await asyncpg.connect(pg_url)
         try:
             async with conn.transaction():
-                ids = [
+                return [
                     await outbox.enqueue_async(
                         conn,
                         topic,
@@ -69,11 +74,24 @@ async def make_dead(pg_store: PostgresStore, pg_url: str, pg_schema: str) -> Mak
                         type=type,
                         key=key(i) if callable(key) else key,
                         headers={"trace": f"t{i}"},
+                        **options,
                     )
                     for i in range(n)
                 ]
         finally:
             await conn.close()
+
+    return make
+
+
+@pytest.fixture
+async def make_dead(pg_store: PostgresStore, write: MakeDead) -> MakeDead:
+    """``await make_dead(topic, n, type=..., key=...)``: commit n messages, dead-letter them."""
+
+    async def make(
+        topic: str = "orders", n: int = 1, *, type: str | None = "OrderCreated", key: Any = None
+    ) -> list[str]:
+        ids = await write(topic, n, type=type, key=key)
         claimed: list[str] = []
         deadline = asyncio.get_running_loop().time() + 10
         while set(claimed) != set(ids):
@@ -570,6 +588,114 @@ async def test_store_failures_are_json_errors_never_stack_traces(
     detail = assert_problem(response, 500)
     assert "secret" not in detail
     assert any("secret internals" in str(r.exc_info) for r in caplog.records)  # logged
+
+
+# -- messages not yet published -----------------------------------------------------------------
+
+
+async def test_messages_show_their_state_attempts_error_and_relay(
+    pg_store: PostgresStore, write: MakeDead, make_dead: MakeDead
+) -> None:
+    """Read-only and open without a token, like the other reads."""
+    await make_dead("orders", 1, key="o-7")
+    [retrying, leased] = await write("payments", 2, type="PaymentTaken", key=lambda i: f"p{i}")
+    claim = await pg_store.claim_batch(limit=10, lease_seconds=30, ordered=False, relay_id="r-1")
+    assert {m.id for m in claim.messages} == {retrying, leased}
+    await pg_store.settle(claim, Settlement(retries=[Retry(retrying, 600, "broker said 503")]))
+    [held] = await write("orders", 1, key="o-7")  # behind the dead letter of its key
+    [scheduled] = await write("orders", 1, available_at=dt.timedelta(hours=2))
+    [pending] = await write("mail", 1, type=None)
+
+    async with client_for(create_app(pg_store, token=None)) as client:
+        listed = await client.get("/api/messages")
+        one = await client.get(f"/api/messages/{retrying}")
+        by_state = {
+            state: (await client.get("/api/messages", params={"state": state})).json()
+            for state in ("pending", "scheduled", "retrying", "in_flight", "held")
+        }
+        by_filter = await client.get("/api/messages", params={"topic": "orders", "key": "o-7"})
+        assert_problem(await client.post("/api/messages"), 403)  # no writes without a token
+    assert listed.status_code == 200
+    body = listed.json()
+    assert set(body) == {"items", "next_cursor"} and body["next_cursor"] is None
+    assert [(m["id"], m["state"]) for m in body["items"]] == [
+        (retrying, "retrying"),
+        (leased, "in_flight"),
+        (held, "held"),
+        (scheduled, "scheduled"),
+        (pending, "pending"),
+    ]
+    assert {s: [m["id"] for m in page["items"]] for s, page in by_state.items()} == {
+        "pending": [pending],
+        "scheduled": [scheduled],
+        "retrying": [retrying],
+        "in_flight": [leased],
+        "held": [held],
+    }
+    assert [m["id"] for m in by_filter.json()["items"]] == [held]
+    shown = one.json()
+    assert (shown["state"], shown["attempts"], shown["last_error"]) == (
+        "retrying",
+        1,
+        "broker said 503",
+    )
+    assert dt.datetime.fromisoformat(shown["next_attempt_at"]) > dt.datetime.now(
+        dt.UTC
+    ) + dt.timedelta(seconds=500)
+    assert shown["payload"] == {"order": 0, "topic": "payments"}
+    assert shown["headers"] == {"trace": "t0"} and shown["type"] == "PaymentTaken"
+    in_flight = by_state["in_flight"]["items"][0]
+    assert in_flight["relay"] == "r-1" and in_flight["lease_expires_at"] is not None
+
+
+async def test_messages_page_oldest_first_each_exactly_once(admin: Client, write: MakeDead) -> None:
+    ids = await write("orders", 7, key=lambda i: f"k{i % 2}")
+    seen: list[str] = []
+    cursor = None
+    for _ in range(10):
+        params: dict[str, Any] = {"limit": 3} | ({"cursor": cursor} if cursor else {})
+        page = (await admin.get("/api/messages", params=params)).json()
+        seen += [m["id"] for m in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids
+    keyed = (await admin.get("/api/messages", params={"key": "k1", "limit": 2})).json()
+    assert [m["id"] for m in keyed["items"]] == ids[1:5:2] and keyed["next_cursor"]
+    rest = await admin.get("/api/messages", params={"key": "k1", "cursor": keyed["next_cursor"]})
+    assert [m["id"] for m in rest.json()["items"]] == [ids[5]]
+
+
+@pytest.mark.parametrize(
+    ("url", "status"),
+    [
+        ("/api/messages/no-such-id", 404),
+        ("/api/messages/a%00b", 422),
+        ("/api/messages?state=stuck", 422),
+        ("/api/messages?state=", 422),
+        ("/api/messages?limit=0", 422),
+        ("/api/messages?limit=1001", 422),
+        ("/api/messages?cursor=abc", 422),
+        ("/api/messages?cursor=99999999999999999999999", 422),
+        ("/api/messages?topic=", 422),
+        ("/api/messages?topic=a%00b", 422),
+        ("/api/messages?stat=pending", 422),  # a misspelt filter
+    ],
+)
+async def test_bad_message_requests_get_a_json_4xx(admin: Client, url: str, status: int) -> None:
+    detail = assert_problem(await admin.get(url), status)
+    if status == 404:
+        assert "no-such-id" in detail
+
+
+async def test_a_published_message_is_gone_from_the_list(
+    admin: Client, pg_store: PostgresStore, write: MakeDead
+) -> None:
+    [message_id] = await write("orders", 1)
+    claim = await pg_store.claim_batch(limit=10, lease_seconds=30, ordered=False, relay_id="r")
+    await pg_store.settle(claim, Settlement(published=[message_id]))
+    assert (await admin.get("/api/messages")).json()["items"] == []
+    assert message_id in assert_problem(await admin.get(f"/api/messages/{message_id}"), 404)
 
 
 # -- hostile requests ----------------------------------------------------------------------------

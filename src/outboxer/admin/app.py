@@ -48,6 +48,8 @@ from outboxer.admin.models import (
     DeadLetterFilterBody,
     DeadLetterOut,
     DeadLetterPageOut,
+    MessageOut,
+    MessagePageOut,
     Problem,
     ReadinessOut,
     StatsOut,
@@ -61,7 +63,15 @@ from outboxer.errors import (
     SchemaError,
     StoreError,
 )
-from outboxer.ports import AdminStore, DeadLetterFilter, OutboxStats
+from outboxer.ports import (
+    AdminStore,
+    DeadLetterFilter,
+    DeadLetterPage,
+    MessageFilter,
+    MessagePage,
+    MessageState,
+    OutboxStats,
+)
 from outboxer.urls import redact
 
 __all__ = ["AdminSettings", "create_app", "create_app_from_url"]
@@ -232,45 +242,71 @@ def _settings(request: Request) -> AdminSettings:
 StoreDep = Annotated[AdminStore, Depends(_store)]
 
 
-def _text(value: str | None, where: str) -> str | None:
-    if value is None:
-        return None
+def _checked(value: str, *loc: str) -> str:
+    """``value`` if a store can look it up (see ``checked_text``); else 422 naming ``loc``."""
     try:
         return checked_text(value)
     except ValueError as exc:
-        raise _unprocessable(["query", where], str(exc)) from None
+        raise _unprocessable(loc, str(exc)) from None
 
 
 FilterText = Annotated[str | None, Query(min_length=1, max_length=MAX_TEXT)]
+PageLimit = Annotated[int, Query(ge=1, le=1000)]
+# Cursors are opaque to clients; the stores hand out decimal sequence numbers, and the bound
+# keeps an out-of-range integer from ever reaching the driver.
+PageCursor = Annotated[str | None, Query(pattern=r"^[0-9]{1,18}$")]
 
 
-def _list_filter(
-    request: Request,
+def _text_filters(
     topic: FilterText = None,
     type: FilterText = None,  # noqa: A002 - the API's field name
     key: FilterText = None,
-) -> DeadLetterFilter:
-    unknown = sorted(set(request.query_params) - {"topic", "type", "key", "limit", "cursor"})
+) -> dict[str, str | None]:
+    """The topic/type/key filters both lists share."""
+    given = {"topic": topic, "type": type, "key": key}
+    return {k: None if v is None else _checked(v, "query", k) for k, v in given.items()}
+
+
+TextFilters = Annotated[dict[str, str | None], Depends(_text_filters)]
+
+
+def _refuse_unknown_parameters(request: Request, *known: str) -> None:
+    unknown = sorted(set(request.query_params) - {*known, "limit", "cursor"})
     if unknown:
         # A misspelt filter would otherwise silently list everything.
         raise _unprocessable(["query", unknown[0]], "unknown query parameter")
-    return DeadLetterFilter(
-        topic=_text(topic, "topic"), type=_text(type, "type"), key=_text(key, "key")
-    )
 
 
-def _checked_id(
-    dead_letter_id: Annotated[
-        str, Path(min_length=1, max_length=MAX_TEXT, description="The message id.")
-    ],
-) -> str:
-    try:
-        return checked_text(dead_letter_id)
-    except ValueError as exc:
-        raise _unprocessable(["path", "dead_letter_id"], str(exc)) from None
+def _list_filter(request: Request, text: TextFilters) -> DeadLetterFilter:
+    _refuse_unknown_parameters(request, *text)
+    return DeadLetterFilter(**text)
 
 
-DeadLetterId = Annotated[str, Depends(_checked_id)]
+def _message_filter(
+    request: Request, text: TextFilters, state: MessageState | None = None
+) -> MessageFilter:
+    _refuse_unknown_parameters(request, "state", *text)
+    return MessageFilter(state=state, **text)
+
+
+IdPath = Path(min_length=1, max_length=MAX_TEXT, description="The message id.")
+
+
+def _dead_letter_id(dead_letter_id: Annotated[str, IdPath]) -> str:
+    return _checked(dead_letter_id, "path", "dead_letter_id")
+
+
+def _message_id(message_id: Annotated[str, IdPath]) -> str:
+    return _checked(message_id, "path", "message_id")
+
+
+DeadLetterId = Annotated[str, Depends(_dead_letter_id)]
+MessageId = Annotated[str, Depends(_message_id)]
+
+
+def _page(page: DeadLetterPage | MessagePage) -> dict[str, Any]:
+    return {"items": [encodable(i.to_json()) for i in page.items], "next_cursor": page.next_cursor}
+
 
 # Every /api/ route declares the bearer scheme for the OpenAPI schema; BearerAuth enforces it.
 api = APIRouter(prefix="/api", dependencies=[Depends(_documented_bearer)])
@@ -287,13 +323,10 @@ probes = APIRouter(tags=["probes"])
 async def list_dead_letters(
     store: StoreDep,
     flt: Annotated[DeadLetterFilter, Depends(_list_filter)],
-    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    # Cursors are opaque to clients; the stores hand out decimal sequence numbers, and the
-    # bound keeps an out-of-range integer from ever reaching the driver.
-    cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,18}$")] = None,
+    limit: PageLimit = 50,
+    cursor: PageCursor = None,
 ) -> dict[str, Any]:
-    page = await store.list_dead_letters(flt, limit=limit, cursor=cursor)
-    return {"items": [encodable(d.to_json()) for d in page.items], "next_cursor": page.next_cursor}
+    return _page(await store.list_dead_letters(flt, limit=limit, cursor=cursor))
 
 
 @api.get(
@@ -387,6 +420,39 @@ async def delete_one(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str,
         raise NotFound(f"no dead letter with id {dead_letter_id!r}")
     log.info("purged dead letter %s", dead_letter_id)
     return _bulk_result("purged", purged, flt)
+
+
+@api.get(
+    "/messages",
+    response_model=MessagePageOut,
+    responses=_ERRORS,
+    tags=["messages"],
+    summary="List messages not yet published, oldest first, with where each one stands",
+    description=(
+        "state: pending (due, waiting for a relay), scheduled (available later, never tried), "
+        "retrying (a publish failed; next attempt at next_attempt_at), in_flight (leased by "
+        "the relay named in relay), held (its key has a publish dead letter)."
+    ),
+)
+async def list_messages(
+    store: StoreDep,
+    flt: Annotated[MessageFilter, Depends(_message_filter)],
+    limit: PageLimit = 50,
+    cursor: PageCursor = None,
+) -> dict[str, Any]:
+    return _page(await store.list_messages(flt, limit=limit, cursor=cursor))
+
+
+@api.get(
+    "/messages/{message_id}",
+    response_model=MessageOut,
+    responses={**_ERRORS, 404: {"model": Problem, "description": "Not in the outbox."}},
+    tags=["messages"],
+    summary="One message not yet published, with its payload, state and last error",
+)
+async def get_message(store: StoreDep, message_id: MessageId) -> dict[str, Any]:
+    item: dict[str, Any] = encodable((await store.get_message(message_id)).to_json())
+    return item
 
 
 @api.get(

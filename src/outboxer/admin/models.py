@@ -16,11 +16,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, model_validator
 
+from outboxer.ports import MessageState
+
 __all__ = [
     "BulkResult",
     "DeadLetterFilterBody",
     "DeadLetterOut",
     "DeadLetterPageOut",
+    "MessageOut",
+    "MessagePageOut",
     "Problem",
     "ReadinessCheck",
     "ReadinessOut",
@@ -74,6 +78,32 @@ class DeadLetterPageOut(BaseModel):
     """One page, newest first; pass ``next_cursor`` as ``cursor`` for the next one."""
 
     items: list[DeadLetterOut]
+    next_cursor: str | None
+
+
+class MessageOut(BaseModel):
+    """A message not yet published and where it stands (``OutboxMessage.to_json()``)."""
+
+    id: str
+    topic: str
+    key: str | None
+    type: str | None
+    state: MessageState
+    attempts: int
+    last_error: str | None
+    next_attempt_at: str
+    relay: str | None
+    lease_expires_at: str | None
+    created_at: str
+    payload: Any
+    content_type: str
+    headers: dict[str, str]
+
+
+class MessagePageOut(BaseModel):
+    """One page, oldest first; pass ``next_cursor`` as ``cursor`` for the next one."""
+
+    items: list[MessageOut]
     next_cursor: str | None
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from outboxer.errors import ConfigurationError
+from outboxer.errors import ConfigurationError, NotFound
 from outboxer.message import Message
-from outboxer.ports import DeadLetter, SweepReport
+from outboxer.ports import DeadLetter, MessageFilter, MessagePage, OutboxMessage, SweepReport
 
 
 class Row(Protocol):
@@ -56,6 +56,48 @@ def dead_letter_from_row(row: Row) -> DeadLetter:
         failure_reason=row["failure_reason"],
         attempts=row["attempts"],
         direction=row["direction"],
+    )
+
+
+def outbox_message_from_row(row: Row) -> OutboxMessage:
+    """A row of the ``list_messages`` query (outbox columns and the judged ``state``)."""
+    in_flight = row["state"] == "in_flight"
+    return OutboxMessage(
+        id=row["id"],
+        topic=row["topic"],
+        key=row["key"],
+        type=row["type"],
+        payload=bytes(row["payload"]),
+        content_type=row["content_type"],
+        headers=decode_headers(row["headers"]),
+        created_at=to_datetime(row["created_at"]),
+        next_attempt_at=to_datetime(row["available_at"]),
+        attempts=row["attempts"],
+        last_error=row["last_error"],
+        state=row["state"],
+        relay=row["locked_by"] if in_flight else None,
+        lease_expires_at=to_datetime(row["locked_until"]) if in_flight else None,
+    )
+
+
+def message_conditions(flt: MessageFilter, message_id: str | None) -> list[tuple[str, str]]:
+    """The ``(column, value)`` equalities a message query needs, in a fixed order; the stores
+    turn them into fixed SQL text (column names from here, values always as parameters)."""
+    wanted = (("id", message_id), ("topic", flt.topic), ("key", flt.key), ("type", flt.type))
+    return [(column, value) for column, value in wanted if value is not None]
+
+
+def message_page(rows: Sequence[Row], limit: int) -> MessagePage:
+    """A page from up to ``limit + 1`` rows in ``seq`` order (one more says there is a next)."""
+    page = rows[:limit]
+    next_cursor = str(page[-1]["seq"]) if len(rows) > limit else None
+    return MessagePage([outbox_message_from_row(r) for r in page], next_cursor)
+
+
+def message_not_found(message_id: str) -> NotFound:
+    return NotFound(
+        f"no message with id {message_id!r} in the outbox "
+        "(published, dead-lettered or never written)"
     )
 
 

@@ -39,6 +39,9 @@ from outboxer.ports import (
     DeadLetterPage,
     FailurePolicy,
     InboxHandler,
+    MessageFilter,
+    MessagePage,
+    OutboxMessage,
     OutboxStats,
     RelayInfo,
     Settlement,
@@ -48,7 +51,10 @@ from outboxer.stores import _sql
 from outboxer.stores._common import (
     check_limit,
     dead_letter_from_row,
+    message_conditions,
     message_from_row,
+    message_not_found,
+    message_page,
     parse_cursor,
     sweep_report,
 )
@@ -464,6 +470,34 @@ class PostgresStore(InboxSteps):
 
     async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         return await self._bulk(("purge_dead_letters",), flt)
+
+    # -- messages not yet published (operators, read-only) ---------------------------------------
+
+    async def list_messages(
+        self, flt: MessageFilter, *, limit: int, cursor: str | None
+    ) -> MessagePage:
+        limit = check_limit(limit)
+        rows = await self._message_rows(flt, None, limit + 1, parse_cursor(cursor))
+        return message_page(rows, limit)
+
+    async def get_message(self, message_id: str) -> OutboxMessage:
+        page = message_page(await self._message_rows(MessageFilter(), message_id, 1, None), 1)
+        if not page.items:
+            raise message_not_found(message_id)
+        return page.items[0]
+
+    async def _message_rows(
+        self, flt: MessageFilter, message_id: str | None, limit: int, after: int | None
+    ) -> list[asyncpg.Record]:
+        equal = message_conditions(flt, message_id)
+        filters = " ".join(f"AND o.{column} = ${n}" for n, (column, _) in enumerate(equal, 4))
+        sql = self._q["list_messages"].replace("{filters}", filters)
+        args = (after or 0, limit, flt.state, *(value for _, value in equal))
+
+        async def read(conn: Conn) -> list[asyncpg.Record]:
+            return list(await conn.fetch(sql, *args))
+
+        return await self._run(read)
 
     async def execute(self, sql: str, *args: Any) -> Sequence[asyncpg.Record]:
         """Run SQL with the outbox placeholders rendered (tests and benchmarks)."""

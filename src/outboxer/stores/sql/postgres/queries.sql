@@ -227,6 +227,32 @@ WHERE ($1::text IS NULL OR topic = $1)
   AND ($4::text[] IS NULL OR id = ANY($4))
 RETURNING id
 
+-- name: list_messages
+-- The backlog as operators see it (outboxer messages, GET /api/messages), oldest first.
+-- {filters} becomes fixed conditions for the filters given ("AND o.key = $4" ...; never a
+-- value), so each combination gets its own plan: with a key, the (key, seq) index; otherwise
+-- a walk of the seq index from the cursor that stops at $2 matching rows, never a scan of the
+-- whole backlog. The state is judged in the order of outboxer.ports.MessageState; "held" asks
+-- the dead letters' key index.
+SELECT m.* FROM (
+    SELECT o.seq, o.id, o.topic, o.key, o.type, o.payload, o.content_type, o.headers::text,
+           o.created_at, o.available_at, o.attempts, o.last_error, o.locked_by, o.locked_until,
+           CASE
+               WHEN o.claim_token IS NOT NULL THEN 'in_flight'
+               WHEN o.key IS NOT NULL AND EXISTS (
+                   SELECT 1 FROM {dead_letters} d
+                   WHERE d.key = o.key AND d.direction = 'publish') THEN 'held'
+               WHEN o.available_at > now() AND o.attempts > 0 THEN 'retrying'
+               WHEN o.available_at > now() THEN 'scheduled'
+               ELSE 'pending'
+           END AS state
+    FROM {outbox} o
+    WHERE o.seq > $1 {filters}
+) m
+WHERE ($3::text IS NULL OR m.state = $3)
+ORDER BY m.seq
+LIMIT $2
+
 -- ---------------------------------------------------------------------------------------------
 -- Inbox (consumers). See docs/inbox.md and 0003_inbox.sql.
 

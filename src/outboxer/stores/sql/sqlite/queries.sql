@@ -158,6 +158,29 @@ WHERE {where} AND (:after IS NULL OR dl_seq < :after)
 ORDER BY dl_seq DESC
 LIMIT :limit
 
+-- name: list_messages
+-- See the PostgreSQL query of the same name; {filters} becomes "AND o.key = :key" ... for the
+-- filters given, so a key filter walks the (key, seq) index and the others the rowid.
+SELECT m.* FROM (
+    SELECT o.seq, o.id, o.topic, o.key, o.type, o.payload, o.content_type, o.headers,
+           o.created_at, o.available_at, o.attempts, o.last_error, o.locked_by, o.locked_until,
+           CASE
+               WHEN o.claim_token IS NOT NULL THEN 'in_flight'
+               WHEN o.key IS NOT NULL AND EXISTS (
+                   SELECT 1 FROM {dead_letters} d
+                   WHERE d.key = o.key AND d.direction = 'publish') THEN 'held'
+               WHEN o.available_at > (julianday('now') - 2440587.5) * 86400.0
+                    AND o.attempts > 0 THEN 'retrying'
+               WHEN o.available_at > (julianday('now') - 2440587.5) * 86400.0 THEN 'scheduled'
+               ELSE 'pending'
+           END AS state
+    FROM {outbox} o
+    WHERE o.seq > :after {filters}
+) m
+WHERE (:state IS NULL OR m.state = :state)
+ORDER BY m.seq
+LIMIT :limit
+
 -- name: replay_copy
 INSERT INTO {outbox} (id, topic, key, type, payload, content_type, headers, created_at)
 SELECT id, topic, key, type, payload, content_type, headers, created_at
