@@ -12,20 +12,25 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import asyncmy
 import asyncpg
 import pytest
 
 from outboxer.config import TableNames
+from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
 
 PG_URL = os.environ.get("OUTBOXER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+#: The server of MySQL tests; each test gets a fresh database on it (see ``mysql_database``).
+MYSQL_URL = os.environ.get("OUTBOXER_TEST_MYSQL", "mysql://root@127.0.0.1:3306/test")
 
 START = {
     "PostgreSQL": "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
     "Redis": 'redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no',
     "RabbitMQ": "rabbitmq-server -detached",
     "NATS": "nats-server -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server &",
+    "MariaDB": "/etc/init.d/mariadb start",
 }
 
 
@@ -91,6 +96,42 @@ async def wait_past_commit_gate(store: PostgresStore, timeout: float = 10.0) -> 
         if time.monotonic() > deadline:
             raise AssertionError("outbox rows stayed behind the commit-order gate")
         await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+def mysql_url() -> str:
+    require_service("MariaDB", "127.0.0.1", 3306)
+    return MYSQL_URL
+
+
+async def mysql_connect(database: str | None = None) -> asyncmy.Connection:
+    """A plain autocommit connection to the test server, as an application would open one."""
+    return await asyncmy.connect(
+        host="127.0.0.1", port=3306, user="root", database=database, autocommit=True
+    )
+
+
+@pytest.fixture
+async def mysql_database(mysql_url: str) -> AsyncIterator[str]:
+    """A fresh MySQL database for this test, dropped afterwards."""
+    name = unique_name("ob")
+    conn = await mysql_connect()
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute(f"CREATE DATABASE `{name}`")
+        yield name
+        async with conn.cursor() as cur:
+            await cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+async def mysql_store(mysql_url: str, mysql_database: str) -> AsyncIterator[MysqlStore]:
+    """A migrated MySQL store in its own database."""
+    async with MysqlStore(mysql_url, TableNames(schema=mysql_database)) as store:
+        await store.migrate()
+        yield store
 
 
 @pytest.fixture

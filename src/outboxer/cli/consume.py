@@ -16,7 +16,7 @@ from outboxer.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from outboxer.inbox import HandlerRegistry, InboxSettings
-    from outboxer.stores.sqlite import SqliteStore
+    from outboxer.ports import DatabaseStore
 
 
 def _default_consumer_name(handlers: str) -> str:
@@ -214,7 +214,7 @@ async def _consume(
         from outboxer.stores.postgres import PostgresStore
 
         # A connection per message handled at once, plus the re-drive loop and the sweep.
-        store: PostgresStore | SqliteStore = PostgresStore(
+        store: DatabaseStore = PostgresStore(
             url, names, max_connections=max(10, settings.concurrency + 2)
         )
     else:

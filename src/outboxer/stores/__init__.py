@@ -8,14 +8,18 @@ from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from outboxer.stores.mysql import MysqlStore
     from outboxer.stores.postgres import PostgresStore
     from outboxer.stores.sqlite import SqliteStore
 
 __all__ = ["store_from_url"]
 
 
-def store_from_url(url: str, names: TableNames | None = None) -> PostgresStore | SqliteStore:
-    """A (not yet opened) store for ``postgresql://…`` or ``sqlite:///path.db``."""
+def store_from_url(
+    url: str, names: TableNames | None = None
+) -> PostgresStore | SqliteStore | MysqlStore:
+    """A (not yet opened) store for ``postgresql://…``, ``sqlite:///path.db`` or
+    ``mysql://…``/``mariadb://…``."""
     scheme = url.partition("://")[0].split("+")[0].lower() if "://" in url else ""
     if scheme in ("postgresql", "postgres"):
         from outboxer.stores.postgres import PostgresStore
@@ -26,9 +30,12 @@ def store_from_url(url: str, names: TableNames | None = None) -> PostgresStore |
 
         return SqliteStore(url, names)
     if scheme in ("mysql", "mariadb"):
-        raise ConfigurationError("MySQL/MariaDB support is not available yet (planned)")
+        from outboxer.stores.mysql import MysqlStore
+
+        return MysqlStore(url, names)
     raise ConfigurationError(
-        f"unsupported database URL {_redact(url)!r}: use postgresql://… or sqlite:///path.db"
+        f"unsupported database URL {_redact(url)!r}: "
+        "use postgresql://…, mysql://… or sqlite:///path.db"
     )
 
 

@@ -1,0 +1,75 @@
+"""MySQL 8 / MariaDB 10.6+ store, on asyncmy.
+
+Same design as the PostgreSQL store (docs/adr/0001, 0002): batches claimed with ``FOR UPDATE
+SKIP LOCKED`` under a lease, every settle fenced by the claim token, acknowledged rows deleted.
+What MySQL lacks is replaced:
+
+- the commit-order gate (PostgreSQL's xid8 snapshot) by an ordered claim that counts the
+  uncommitted rows of a key (docs/adr/0003-mysql-commit-order.md);
+- ``pg_try_advisory_xact_lock`` by ``GET_LOCK``;
+- ``LISTEN/NOTIFY`` by a doorbell that polls the newest row's seq while the relay is idle;
+- ``UPDATE/DELETE ... RETURNING`` by a locking read followed by statements on the rows it locked.
+
+asyncmy was chosen by measurement (round trips 1.5-2x and row fetch ~3x faster than aiomysql on
+this machine; aiomysql 0.3 with PyMySQL 1.2 cannot even send bytes parameters).
+
+The store is one class assembled from its concerns, each in its own module over the connection
+seam (:mod:`.connection`): the relay's port (:mod:`.relay`), the sweeper (:mod:`.sweeper`),
+statistics and dead letters (:mod:`.admin`) and schema management (:mod:`.schema`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import asyncmy
+
+from outboxer.config import TableNames
+from outboxer.stores import _sql
+from outboxer.stores.mysql.admin import MysqlAdmin
+from outboxer.stores.mysql.connection import URL_SPEC, Conn, MysqlDatabase, fetch_all
+from outboxer.stores.mysql.inbox import MysqlInbox
+from outboxer.stores.mysql.relay import MysqlRelay
+from outboxer.stores.mysql.schema import MysqlSchema
+from outboxer.stores.mysql.sweeper import MysqlSweeper
+
+__all__ = ["URL_SPEC", "MysqlStore"]
+
+
+class MysqlStore(MysqlRelay, MysqlSweeper, MysqlAdmin, MysqlSchema, MysqlInbox):
+    """The outbox in MySQL or MariaDB.
+
+    Args:
+        url_or_pool: A ``mysql://`` or ``mariadb://`` URL (the store owns a pool it creates) or
+            an existing asyncmy pool (borrowed, never closed here).
+        names: Table names; ``names.schema`` is the database (default: the URL's).
+    """
+
+    dialect = "mysql"
+
+    def __init__(self, url_or_pool: str | asyncmy.Pool, names: TableNames | None = None) -> None:
+        self.names = names or TableNames()
+        self.db = MysqlDatabase(url_or_pool, self.names)
+
+    async def __aenter__(self) -> MysqlStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        await self.db.open()
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    async def execute(self, sql: str, args: Any = None) -> Sequence[dict[str, Any]]:
+        """Run SQL with the outbox placeholders rendered (tests and benchmarks)."""
+        rendered = _sql.render(sql, self.names, quote="`")
+
+        async def run(conn: Conn) -> list[dict[str, Any]]:
+            return await fetch_all(conn, rendered, args)
+
+        return await self.db.run(run)

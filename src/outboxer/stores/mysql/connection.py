@@ -1,0 +1,280 @@
+"""The connection seam of the MySQL/MariaDB store: the asyncmy pool, sessions, driver errors.
+
+Every other module of the store runs its SQL through :class:`MysqlDatabase`, which owns the one
+place where asyncmy exceptions become outboxer's (see the table below) and where a connection is
+prepared for outboxer's SQL.
+
+Sessions: UTC (``time_zone = '+00:00'``), ``READ COMMITTED`` (InnoDB's default, ``REPEATABLE
+READ``, would lock gaps in claims and freeze snapshots in long transactions), and a fixed
+``sql_mode`` (strict, and without ``NO_BACKSLASH_ESCAPES``, which the driver's escaping needs).
+The ordered claim lowers its own transaction to ``READ UNCOMMITTED`` (docs/adr/0003).
+
+Driver errors:
+
+=========================================================  =========================
+asyncmy error (MySQL code)                                 outboxer error
+=========================================================  =========================
+no connection: 2002, 2003, 2006, 2013, 1040, 1053, 1927;   ``StoreUnavailable``
+``OSError``, ``TimeoutError``, a closed connection
+deadlock victim 1213, lock wait timeout 1205               retried 3 times, then
+                                                           ``StoreUnavailable``
+unknown table 1146, unknown column 1054                    ``SchemaError``
+access denied 1044, 1045; unknown database 1049            ``ConfigurationError``
+a value the column refuses: 1366, 1406, 1264, 3140         ``ConfigurationError``
+anything else                                              ``StoreError``
+=========================================================  =========================
+
+Ownership: a store built from a URL creates and closes its pool; a store handed an asyncmy pool
+uses it and never closes it (its connections must be in autocommit mode, as asyncmy's are
+unless told otherwise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import asyncmy
+from asyncmy import errors as mysql_errors
+from asyncmy.cursors import DictCursor
+
+from outboxer.config import TableNames
+from outboxer.errors import ConfigurationError, SchemaError, StoreError, StoreUnavailable
+from outboxer.stores import _sql
+from outboxer.urls import Option, ParsedUrl, UrlSpec, parse
+
+__all__ = ["URL_SPEC", "Conn", "MysqlDatabase", "connect_options"]
+
+log = logging.getLogger("outboxer.store.mysql")
+T = TypeVar("T")
+#: What operations receive: a connection borrowed from the pool.
+Conn = asyncmy.Connection
+
+URL_SPEC = UrlSpec(
+    what="MySQL URL",
+    schemes=("mysql", "mariadb"),
+    default_port=3306,
+    path="optional",
+    options=(
+        Option(
+            "connect_timeout",
+            "float",
+            default=10.0,
+            minimum=0.1,
+            maximum=3600,
+            help="seconds to wait for a connection",
+        ),
+        Option(
+            "max_connections",
+            "int",
+            default=10,
+            minimum=1,
+            maximum=1000,
+            help="size of the store's connection pool",
+        ),
+    ),
+    example="mysql://user:password@127.0.0.1:3306/app",
+)
+
+#: Applied to every connection the store opens (see the module docstring).
+_SESSION = (
+    "SET time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'; "
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
+)
+
+_UNAVAILABLE_CODES = frozenset({1040, 1053, 1927, 2002, 2003, 2006, 2013, 2055})
+_RETRIED_CODES = frozenset({1205, 1213})
+_SCHEMA_CODES = frozenset({1146, 1054})
+_CONFIG_CODES = frozenset({1044, 1045, 1049})
+_VALUE_CODES = frozenset({1264, 1366, 1406, 3140})
+_ATTEMPTS = 3
+
+
+def connect_options(url: ParsedUrl) -> dict[str, Any]:
+    """asyncmy ``connect``/``create_pool`` arguments for a parsed ``mysql://`` URL."""
+    return {
+        "host": url.host,
+        "port": url.port or 3306,
+        "user": url.username or "root",
+        "password": url.password or "",
+        "database": url.path or None,
+        "connect_timeout": url.options["connect_timeout"],
+        "charset": "utf8mb4",
+        "autocommit": True,
+        "init_command": _SESSION,
+    }
+
+
+def error_code(exc: BaseException) -> int | None:
+    """The MySQL error number of a driver exception (``None`` for other exceptions)."""
+    if isinstance(exc, mysql_errors.MySQLError) and exc.args and isinstance(exc.args[0], int):
+        return exc.args[0]
+    return None
+
+
+def translate(exc: BaseException, names: TableNames) -> Exception | None:
+    """The outboxer exception for a driver exception, or ``None`` if it is none of ours."""
+    code = error_code(exc)
+    if isinstance(exc, OSError | TimeoutError) or code in _UNAVAILABLE_CODES:
+        return StoreUnavailable(f"MySQL unavailable: {exc}")
+    if code in _RETRIED_CODES:
+        return StoreUnavailable(f"MySQL: {exc} (retried {_ATTEMPTS} times)")
+    if code in _SCHEMA_CODES:
+        return SchemaError(
+            f"outbox table {names.qualified(quote='`')} is missing or outdated ({exc}): "
+            "run 'outboxer db upgrade'"
+        )
+    if code in _CONFIG_CODES:
+        return ConfigurationError(f"MySQL: {exc}")
+    if code in _VALUE_CODES:
+        # A value the column cannot store: the caller's input, not the database, is at fault.
+        return ConfigurationError(f"invalid value: {exc}")
+    if isinstance(exc, mysql_errors.InterfaceError):
+        return StoreUnavailable(f"MySQL connection lost: {exc}")
+    if isinstance(exc, mysql_errors.MySQLError):
+        return StoreError(f"MySQL: {exc}")
+    return None
+
+
+class MysqlDatabase:
+    """A pool of prepared connections to one outbox's database, and its named queries.
+
+    Args:
+        url_or_pool: A ``mysql://`` or ``mariadb://`` URL (the store creates and closes its
+            pool) or an asyncmy pool (borrowed, never closed here).
+        names: Table names; ``names.schema`` is a database name (default: the URL's).
+    """
+
+    def __init__(self, url_or_pool: str | asyncmy.Pool, names: TableNames) -> None:
+        self.names = names
+        self.queries: Mapping[str, str] = _sql.queries("mysql", names, quote="`")
+        self._options: dict[str, Any] | None = None
+        self._max_connections = 10
+        self._pool: asyncmy.Pool | None = None
+        if isinstance(url_or_pool, str):
+            url = parse(url_or_pool, URL_SPEC)
+            if not url.path and names.schema is None:
+                raise ConfigurationError(
+                    f"{URL_SPEC.what}: name the database, e.g. {URL_SPEC.example}"
+                )
+            self._options = connect_options(url)
+            self._max_connections = url.options["max_connections"]
+        else:
+            self._pool = url_or_pool
+        self._owns_pool = self._pool is None
+        self.database = names.schema or (self._options or {}).get("database") or ""
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            if not self.database:
+                self.database = await self.run(_current_database)
+            return
+        assert self._options is not None
+        try:
+            self._pool = await asyncmy.create_pool(
+                minsize=1, maxsize=self._max_connections, pool_recycle=3600, **self._options
+            )
+        except BaseException as exc:
+            error = translate(exc, self.names)
+            if error is None:
+                raise
+            raise error from exc
+
+    async def close(self) -> None:
+        if self._owns_pool and self._pool is not None:
+            self._pool.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._pool.wait_closed(), 5)
+            self._pool = None
+
+    @property
+    def pool(self) -> asyncmy.Pool:
+        if self._pool is None:
+            raise RuntimeError("MysqlStore is not open (use 'async with store:')")
+        return self._pool
+
+    def lock_name(self, purpose: str) -> str:
+        """A server-wide ``GET_LOCK`` name for this outbox: named locks are not per database and
+        are at most 64 characters, so the database and table are hashed into it."""
+        owner = f"{self.database}.{self.names.table}".encode()
+        return f"outboxer:{purpose}:{hashlib.sha1(owner, usedforsecurity=False).hexdigest()}"
+
+    async def run(self, operation: Callable[[Conn], Awaitable[T]]) -> T:
+        """Run ``operation`` on a pooled connection, translating driver errors.
+
+        A deadlock victim or a lock wait timeout is retried (InnoDB has rolled the transaction
+        back, so running it again is safe); every operation given here is written so.
+        """
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                async with self.pool.acquire() as conn:
+                    return await operation(conn)
+            except BaseException as exc:
+                if error_code(exc) in _RETRIED_CODES and attempt < _ATTEMPTS:
+                    log.debug("retrying after %s", exc)
+                    continue
+                error = translate(exc, self.names)
+                if error is None:
+                    raise
+                raise error from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _current_database(conn: Conn) -> str:
+    return str(await fetch_value(conn, "SELECT DATABASE()") or "")
+
+
+async def execute(conn: Conn, sql: str, args: Mapping[str, Any] | None = None) -> int:
+    """Run one statement; return the rows it changed."""
+    async with conn.cursor() as cur:
+        return int(await cur.execute(sql, args))
+
+
+async def fetch_all(
+    conn: Conn, sql: str, args: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Rows of the last result of ``sql`` (which may be several statements) as dicts."""
+    async with conn.cursor(DictCursor) as cur:
+        await cur.execute(sql, args)
+        rows = list(await cur.fetchall())
+        while await cur.nextset():
+            rows = list(await cur.fetchall())
+        return rows
+
+
+async def fetch_one(
+    conn: Conn, sql: str, args: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    rows = await fetch_all(conn, sql, args)
+    return rows[0] if rows else None
+
+
+async def fetch_value(conn: Conn, sql: str, args: Mapping[str, Any] | None = None) -> Any:
+    async with conn.cursor() as cur:
+        await cur.execute(sql, args)
+        row = await cur.fetchone()
+        return row[0] if row else None
+
+
+@contextlib.asynccontextmanager
+async def transaction(conn: Conn, begin: str = "START TRANSACTION") -> AsyncIterator[Conn]:
+    """A transaction on an autocommit connection: committed at the end, rolled back on error.
+
+    ``begin`` may set the transaction's isolation first (``SET TRANSACTION ...; START
+    TRANSACTION``): one round trip. A connection whose rollback fails is closed, and the pool
+    discards a connection given back inside a transaction.
+    """
+    await execute(conn, begin)
+    try:
+        yield conn
+    except BaseException:
+        try:
+            await execute(conn, "ROLLBACK")
+        except Exception:  # noqa: BLE001 - the first error is the one to report
+            conn.close()
+        raise
+    await execute(conn, "COMMIT")

@@ -1,0 +1,215 @@
+"""What the relay asks of the MySQL store: claims, settlements, leases, the doorbell, the
+registry.
+
+A claim is two round trips in one short transaction: lock the candidates (``FOR UPDATE SKIP
+LOCKED``, full rows returned), then lease the kept ones and commit (MySQL has no ``UPDATE ...
+RETURNING``). Ordered claims decide which candidates to keep here, from the ``position`` the query
+returns (see ``claim_ordered`` in queries.sql and docs/adr/0003-mysql-commit-order.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from outboxer.ports import Claim, RelayInfo, Settlement
+from outboxer.stores._common import message_from_row
+from outboxer.stores.mysql.connection import (
+    Conn,
+    MysqlDatabase,
+    execute,
+    fetch_all,
+    fetch_value,
+    transaction,
+)
+
+__all__ = ["MysqlRelay", "keep_in_order", "text_row", "utc"]
+
+#: How often an idle relay's doorbell looks for a new row (there is no LISTEN/NOTIFY).
+DOORBELL_POLL = 0.02
+
+#: The ordered claim reads other transactions' uncommitted rows (the commit-order gate).
+_BEGIN_ORDERED = "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; START TRANSACTION"
+
+#: Columns stored as VARBINARY (compared byte by byte) that outboxer hands out as text.
+_TEXT_COLUMNS = ("id", "topic", "key", "type", "content_type", "consumer", "message_id")
+
+
+def text_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` with its VARBINARY text columns decoded from UTF-8."""
+    out = dict(row)
+    for column in _TEXT_COLUMNS:
+        value = out.get(column)
+        if isinstance(value, bytes | bytearray):
+            out[column] = bytes(value).decode()
+    return out
+
+
+def utc(value: dt.datetime) -> dt.datetime:
+    """A naive UTC datetime, as DATETIME(6) columns hold them."""
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
+    return value
+
+
+def micros(seconds: float) -> int:
+    return max(0, round(float(seconds) * 1_000_000))
+
+
+def keep_in_order(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The candidates of an ordered claim that may be leased now.
+
+    Unkeyed rows are always kept. A keyed row is kept when every earlier row of its key, seen
+    with other transactions' uncommitted rows, is among this claim's candidates: its
+    ``position`` in the key equals its rank among the candidates of that key, in seq order.
+    """
+    rank: dict[str, int] = {}
+    kept = []
+    for row in sorted(rows, key=lambda r: r["seq"]):
+        key = row["key"]
+        if key is None:
+            kept.append(row)
+            continue
+        rank[key] = rank.get(key, 0) + 1
+        if row["position"] == rank[key]:
+            kept.append(row)
+    return kept
+
+
+class MysqlRelay:
+    """The relay port (claim, settle, leases, doorbell, registry) over a MysqlDatabase."""
+
+    db: MysqlDatabase
+    _latest_seq: int | None = None
+
+    async def claim_batch(
+        self,
+        *,
+        limit: int,
+        lease_seconds: float,
+        ordered: bool,
+        relay_id: str,
+        hold_dead_keys: bool = False,
+    ) -> Claim:
+        token = int.from_bytes(os.urandom(8), "big") >> 1  # a positive BIGINT
+        q = self.db.queries
+
+        async def claim(conn: Conn) -> Sequence[Mapping[str, Any]]:
+            if ordered:
+                begin, select = _BEGIN_ORDERED, q["claim_ordered"]
+                args: dict[str, Any] = {"limit": limit, "hold": hold_dead_keys}
+            else:
+                begin, select, args = "START TRANSACTION", q["claim_unordered"], {"limit": limit}
+            async with transaction(conn, begin):
+                rows = await fetch_all(conn, select, args)
+                kept: Sequence[Mapping[str, Any]] = keep_in_order(rows) if ordered else rows
+                if kept:
+                    await execute(
+                        conn,
+                        q["claim_mark"],
+                        {
+                            "token": token,
+                            "relay": relay_id,
+                            "lease_us": micros(lease_seconds),
+                            "seqs": tuple(row["seq"] for row in kept),
+                        },
+                    )
+            return kept
+
+        rows = await self.db.run(claim)
+        messages = [message_from_row(text_row(row)) for row in sorted(rows, key=_seq)]
+        return Claim(token=token, messages=messages)
+
+    async def settle(self, claim: Claim, settlement: Settlement) -> None:
+        token = claim.token
+        q = self.db.queries
+        steps: list[tuple[str, dict[str, Any]]] = []
+        if settlement.published:
+            steps.append((q["ack"], {"ids": tuple(settlement.published), "token": token}))
+        if settlement.retries:
+            items = json.dumps([[r.id, r.delay, r.reason] for r in settlement.retries])
+            steps.append((q["retry"], {"items": items, "token": token}))
+        if settlement.dead:
+            reasons = json.dumps([[i, reason] for i, reason in settlement.dead])
+            ids = tuple(i for i, _ in settlement.dead)
+            steps.append((q["dead_letter_copy"], {"items": reasons, "token": token}))
+            steps.append((q["dead_letter_delete"], {"ids": ids, "token": token}))
+        if settlement.released:
+            steps.append((q["release"], {"ids": tuple(settlement.released), "token": token}))
+        if not steps:
+            return
+
+        async def apply(conn: Conn) -> None:
+            if len(steps) == 1:  # the common case: one statement, one round trip
+                await execute(conn, *steps[0])
+                return
+            async with transaction(conn):
+                for sql, args in steps:
+                    await execute(conn, sql, args)
+
+        await self.db.run(apply)
+
+    async def release_expired_leases(self) -> int:
+        q = self.db.queries
+
+        async def release(conn: Conn) -> int:
+            async with transaction(conn):
+                released = await execute(conn, q["release_expired"])
+                if released:
+                    await execute(conn, q["count_released"], {"count": released})
+            return released
+
+        return await self.db.run(release)
+
+    async def wait_for_messages(self, timeout: float) -> bool:
+        """Poll the newest row's seq (an index dive) every 20 ms until it changes.
+
+        MySQL has no LISTEN/NOTIFY. A row committed late with a smaller seq than one already
+        seen does not change the newest seq; the relay's own adaptive polling finds it.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        query = self.db.queries["latest_seq"]
+
+        async def latest(conn: Conn) -> int:
+            return int(await fetch_value(conn, query) or 0)
+
+        while True:
+            seq = await self.db.run(latest)
+            previous, self._latest_seq = self._latest_seq, seq
+            if previous is not None and seq != previous:
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            await asyncio.sleep(min(DOORBELL_POLL, remaining))
+
+    async def heartbeat(self, relay: RelayInfo) -> None:
+        args = {
+            "relay_id": relay.relay_id,
+            "hostname": relay.hostname,
+            "pid": relay.pid,
+            "started_at": utc(relay.started_at),
+        }
+        query = self.db.queries["heartbeat"]
+
+        async def beat(conn: Conn) -> None:
+            await execute(conn, query, args)
+
+        await self.db.run(beat)
+
+    async def unregister(self, relay_id: str) -> None:
+        query = self.db.queries["unregister"]
+
+        async def remove(conn: Conn) -> None:
+            await execute(conn, query, {"relay_id": relay_id})
+
+        await self.db.run(remove)
+
+
+def _seq(row: Mapping[str, Any]) -> int:
+    return int(row["seq"])

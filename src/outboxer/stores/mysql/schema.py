@@ -1,0 +1,117 @@
+"""Schema management of the MySQL store: ``db upgrade``, the installed version, the check.
+
+MySQL commits every DDL statement on its own, so an upgrade cannot be one transaction as on
+PostgreSQL. Instead upgrades are serialized by a named lock, every migration is safe to run again
+after a failure half-way (see 0001_initial.sql), and a version is recorded only after all of its
+statements succeeded.
+"""
+
+from __future__ import annotations
+
+from outboxer.errors import SchemaError
+from outboxer.stores import _sql
+from outboxer.stores.mysql.connection import Conn, MysqlDatabase, execute, fetch_value
+
+__all__ = ["MysqlSchema", "latest_version"]
+
+#: How long ``migrate`` waits for a concurrent upgrade to finish.
+_UPGRADE_LOCK_SECONDS = 300
+
+
+def latest_version() -> int:
+    return _sql.migrations("mysql")[-1].version
+
+
+class MysqlSchema:
+    """``migrate``, ``schema_version`` and ``check_schema`` over a :class:`MysqlDatabase`."""
+
+    db: MysqlDatabase
+
+    def _render(self, sql: str) -> str:
+        return _sql.render(sql, self.db.names, quote="`")
+
+    async def migrate(self, target: int | None = None) -> list[int]:
+        """Create or upgrade the schema; returns the versions applied (empty when current).
+
+        ``target`` stops at that version (tests of the upgrade path).
+        """
+        lock = {"lock": self.db.lock_name("upgrade"), "wait": _UPGRADE_LOCK_SECONDS}
+
+        async def upgrade(conn: Conn) -> list[int]:
+            if not await fetch_value(conn, "SELECT GET_LOCK(%(lock)s, %(wait)s)", lock):
+                raise SchemaError("another 'outboxer db upgrade' is still running")
+            try:
+                return await self._upgrade(conn, target)
+            finally:
+                await fetch_value(conn, "SELECT RELEASE_LOCK(%(lock)s)", lock)
+
+        return await self.db.run(upgrade)
+
+    async def _upgrade(self, conn: Conn, target: int | None) -> list[int]:
+        schema = self.db.names.schema
+        version_table = self._render("{schema_version}")
+        # Only what is missing is created: an "IF NOT EXISTS" that finds the object leaves a
+        # server warning, which the driver fetches and logs.
+        if schema and not await fetch_value(
+            conn,
+            "SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = %(s)s",
+            {"s": schema},
+        ):
+            await execute(conn, f"CREATE DATABASE `{schema}`")
+        if not await self._version_table_exists(conn):
+            await execute(
+                conn,
+                f"CREATE TABLE {version_table} (version INT NOT NULL PRIMARY KEY, "
+                "applied_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))) ENGINE = InnoDB",
+            )
+        current = await fetch_value(conn, f"SELECT MAX(version) FROM {version_table}") or 0
+        applied: list[int] = []
+        for migration in _sql.migrations("mysql"):
+            if migration.version <= current or (target is not None and migration.version > target):
+                continue
+            for statement in _sql.split_statements(migration.sql):
+                await execute(conn, self._render(statement))
+            await execute(
+                conn,
+                f"INSERT INTO {version_table} (version) VALUES (%(v)s)",
+                {"v": migration.version},
+            )
+            applied.append(migration.version)
+        return applied
+
+    async def _version_table_exists(self, conn: Conn) -> bool:
+        names = self.db.names
+        return bool(
+            await fetch_value(
+                conn,
+                "SELECT COUNT(*) FROM information_schema.TABLES "
+                "WHERE TABLE_SCHEMA = COALESCE(%(schema)s, DATABASE()) AND TABLE_NAME = %(t)s",
+                {"schema": names.schema, "t": f"{names.table}_schema_version"},
+            )
+        )
+
+    async def schema_version(self) -> int:
+        """The installed schema version, 0 when outboxer's tables do not exist."""
+
+        async def read(conn: Conn) -> int:
+            if not await self._version_table_exists(conn):
+                return 0
+            query = self._render("SELECT MAX(version) FROM {schema_version}")
+            return int(await fetch_value(conn, query) or 0)
+
+        return await self.db.run(read)
+
+    async def check_schema(self) -> None:
+        """Raise ``SchemaError`` unless the schema is exactly at this version of outboxer."""
+        latest = latest_version()
+        current = await self.schema_version()
+        if current == 0:
+            raise SchemaError(
+                f"outbox table {self.db.names.qualified(quote='`')} is missing: "
+                "run 'outboxer db upgrade'"
+            )
+        if current != latest:
+            raise SchemaError(
+                f"outbox schema is at version {current}, this outboxer expects {latest}: "
+                "run 'outboxer db upgrade' (or upgrade outboxer)"
+            )

@@ -1,0 +1,256 @@
+-- Named queries of the MySQL/MariaDB store. "-- name: x" starts query x.
+-- Parameters are named (%(name)s) and interpolated by the driver; a Python tuple parameter
+-- becomes a parenthesized list, so "IN %(ids)s" takes a non-empty tuple. Lists whose items carry
+-- several values (retries, dead letters) are one JSON array, expanded with JSON_TABLE and joined
+-- on the unique id index. Durations are integer microseconds. Times are UTC (see 0001).
+
+-- name: claim_unordered
+-- The first half of a claim, in its own short transaction: lock the oldest claimable rows.
+-- SKIP LOCKED lets concurrent relays take disjoint batches without waiting on each other. The
+-- lock holds until claim_mark commits; publishing happens after that, outside any transaction.
+-- The transaction runs at READ COMMITTED or lower, so InnoDB locks no gaps and releases the rows
+-- it read but did not return.
+SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
+       o.created_at, o.available_at, o.attempts, 0 AS position
+FROM {outbox} o
+WHERE o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6)
+ORDER BY o.seq
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: claim_ordered
+-- Per-key order with any number of relays (docs/adr/0001 and 0003). Runs in a READ UNCOMMITTED
+-- transaction: the two subqueries below are plain (non-locking) reads, so they also see rows
+-- that other transactions have inserted but not committed yet. That is the commit-order gate.
+--  1. Candidates are the oldest claimable rows whose key's head (its oldest row, committed or
+--     not) is neither leased nor waiting: rows behind a blocked head are skipped, so a failing
+--     message never holds back other keys, and blocked rows do not fill the batch.
+--  2. position = how many rows of the key there are up to this one, uncommitted rows included.
+--     The store keeps a candidate only if position equals its rank among this claim's
+--     candidates of that key, i.e. every earlier row of the key is in this very batch. A row
+--     locked by another relay (SKIP LOCKED), a delayed row, and a row whose transaction has not
+--     committed all break that equality: an auto-increment value handed to a slower transaction
+--     is never overtaken by a later row of its key.
+SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
+       o.created_at, o.available_at, o.attempts,
+       (SELECT count(*) FROM {outbox} k WHERE k.`key` = o.`key` AND k.seq <= o.seq) AS position
+FROM {outbox} o
+WHERE o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6)
+  AND (o.`key` IS NULL OR NOT (
+        SELECT h.claim_token IS NOT NULL OR h.available_at > UTC_TIMESTAMP(6)
+        FROM {outbox} h WHERE h.`key` = o.`key` ORDER BY h.seq LIMIT 1))
+  -- a key whose earlier message is a dead letter stays on hold, if the relay asks so
+  AND (NOT %(hold)s OR o.`key` IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {dead_letters} d WHERE d.`key` = o.`key` AND d.direction = 'publish'))
+ORDER BY o.seq
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: claim_mark
+-- The second half of a claim: lease the kept rows (locked by claim_*), then commit.
+UPDATE {outbox}
+SET claim_token = %(token)s, locked_by = %(relay)s,
+    locked_until = UTC_TIMESTAMP(6) + INTERVAL %(lease_us)s MICROSECOND
+WHERE seq IN %(seqs)s
+
+-- name: ack
+DELETE FROM {outbox} WHERE id IN %(ids)s AND claim_token = %(token)s
+
+-- name: retry
+-- items: [[id, delay seconds, reason], ...]
+UPDATE {outbox} o
+JOIN JSON_TABLE(%(items)s, '$[*]' COLUMNS (
+        id     VARCHAR(255) PATH '$[0]',
+        delay  DOUBLE       PATH '$[1]',
+        reason LONGTEXT     PATH '$[2]')) u ON o.id = u.id
+SET o.attempts = o.attempts + 1, o.last_error = u.reason,
+    o.available_at = UTC_TIMESTAMP(6) + INTERVAL ROUND(u.delay * 1000000) MICROSECOND,
+    o.claim_token = NULL, o.locked_by = NULL, o.locked_until = NULL
+WHERE o.claim_token = %(token)s
+
+-- name: release
+UPDATE {outbox}
+SET claim_token = NULL, locked_by = NULL, locked_until = NULL
+WHERE id IN %(ids)s AND claim_token = %(token)s
+
+-- name: dead_letter_copy
+-- items: [[id, reason], ...]. Followed by dead_letter_delete in the same transaction, so the
+-- rows move or stay together; the claim token fences both statements.
+-- Ids may be reused (docs/guarantees.md): REPLACE deletes a dead letter with the same id and
+-- inserts this one as the newest (a fresh dl_seq). A plain INSERT would fail on the unique id
+-- and with it the settle of the whole batch, forever (every lease).
+REPLACE INTO {dead_letters} (id, topic, `key`, type, payload, content_type, headers, created_at,
+                            failure_reason, attempts, direction)
+SELECT o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers, o.created_at,
+       f.reason, o.attempts + 1, 'publish'
+FROM {outbox} o
+JOIN JSON_TABLE(%(items)s, '$[*]' COLUMNS (
+        id     VARCHAR(255) PATH '$[0]',
+        reason LONGTEXT     PATH '$[1]')) f ON o.id = f.id
+WHERE o.claim_token = %(token)s
+ORDER BY o.seq
+
+-- name: dead_letter_delete
+DELETE FROM {outbox} WHERE id IN %(ids)s AND claim_token = %(token)s
+
+-- name: release_expired
+-- No index covers claim_token (a claim would then write it): this scans the table, which is
+-- why the sweeper runs it only every half lease. The count is added to the sweep report next.
+UPDATE {outbox}
+SET claim_token = NULL, last_error = CONCAT('lease of relay ', locked_by, ' expired'),
+    locked_by = NULL, locked_until = NULL
+WHERE claim_token IS NOT NULL AND locked_until < UTC_TIMESTAMP(6)
+
+-- name: count_released
+UPDATE {sweeps} SET released_since_sweep = released_since_sweep + %(count)s
+WHERE name = 'default'
+
+-- name: sweep_lock
+-- Only one sweeper at a time across all relays: a named lock of the server, held by the
+-- sweeping connection until RELEASE_LOCK (or until that connection dies). Then the sweep runs
+-- only if the last one is older than the interval.
+SELECT GET_LOCK(%(lock)s, 0) = 1
+   AND (SELECT started_at IS NULL
+               OR started_at <= UTC_TIMESTAMP(6) - INTERVAL %(interval_us)s MICROSECOND
+        FROM {sweeps} WHERE name = 'default') AS won
+
+-- name: sweep_unlock
+SELECT RELEASE_LOCK(%(lock)s)
+
+-- name: sweep_purge
+-- Dead letters past their retention, a bounded batch per sweep, oldest first.
+DELETE FROM {dead_letters}
+WHERE %(retention_us)s > 0
+  AND dead_lettered_at < UTC_TIMESTAMP(6) - INTERVAL %(retention_us)s MICROSECOND
+ORDER BY dead_lettered_at
+LIMIT %(batch)s
+
+-- name: sweep_record
+-- What happened since the previous sweep: the failures counted from the dead letters written
+-- since its start, the re-drives from the counters the relays and consumers keep.
+UPDATE {sweeps} s
+JOIN (SELECT
+        (SELECT count(*) FROM {dead_letters} d
+         WHERE d.direction = 'publish'
+           AND d.dead_lettered_at >= COALESCE(p.started_at, '1000-01-01')) AS publish_failures,
+        (SELECT count(*) FROM {dead_letters} d
+         WHERE d.direction = 'consume'
+           AND d.dead_lettered_at >= COALESCE(p.started_at, '1000-01-01')) AS consume_failures
+      FROM {sweeps} p WHERE p.name = 'default') c
+SET s.started_at = %(started_at)s, s.completed_at = UTC_TIMESTAMP(6), s.swept_by = %(sweeper)s,
+    s.publish_retries = s.released_since_sweep, s.released_since_sweep = 0,
+    s.publish_failures = c.publish_failures,
+    s.consume_retries = s.consume_retried_since_sweep, s.consume_retried_since_sweep = 0,
+    s.consume_failures = c.consume_failures,
+    s.purged = %(purged)s
+WHERE s.name = 'default'
+
+-- name: last_sweep
+SELECT started_at, completed_at, swept_by, publish_retries, publish_failures,
+       consume_retries, consume_failures, purged
+FROM {sweeps} WHERE name = 'default' AND completed_at IS NOT NULL
+
+-- name: latest_seq
+-- The doorbell MySQL lacks (there is no LISTEN/NOTIFY): the newest row, read from the end of
+-- the primary key. Polled on one connection while the relay is idle; a change rings.
+SELECT COALESCE(MAX(seq), 0) AS seq FROM {outbox}
+
+-- name: heartbeat
+INSERT INTO {relays} (relay_id, hostname, pid, started_at, heartbeat_at)
+VALUES (%(relay_id)s, %(hostname)s, %(pid)s, %(started_at)s, UTC_TIMESTAMP(6))
+ON DUPLICATE KEY UPDATE heartbeat_at = UTC_TIMESTAMP(6)
+
+-- name: unregister
+DELETE FROM {relays} WHERE relay_id = %(relay_id)s
+
+-- name: stats
+SELECT
+    (SELECT count(*) FROM {outbox} WHERE claim_token IS NULL) AS pending,
+    (SELECT count(*) FROM {outbox} WHERE claim_token IS NOT NULL) AS in_flight,
+    (SELECT count(*) FROM {dead_letters}) AS dead_letters,
+    (SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) / 1e6
+     FROM {outbox}) AS oldest_age,
+    -- in flight for a relay with no live heartbeat: waiting for its lease to expire
+    (SELECT count(*) FROM {outbox} o
+     WHERE o.claim_token IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM {relays} r
+        WHERE r.relay_id = o.locked_by
+          AND r.heartbeat_at > UTC_TIMESTAMP(6) - INTERVAL %(live_us)s MICROSECOND)) AS unowned
+
+-- name: live_relays
+SELECT r.relay_id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
+       (SELECT count(*) FROM {outbox} o
+        WHERE o.locked_by = r.relay_id AND o.claim_token IS NOT NULL) AS in_flight
+FROM {relays} r
+WHERE r.heartbeat_at > UTC_TIMESTAMP(6) - INTERVAL %(live_us)s MICROSECOND
+ORDER BY r.started_at
+
+-- name: list_dead_letters
+-- The filters: NULL matches everything. by_id is a constant once the driver has interpolated
+-- the parameters, so the server folds "NOT 0 OR ..." away and uses the id index when it is 1.
+SELECT dl_seq, id, topic, `key`, type, payload, content_type, headers, created_at,
+       dead_lettered_at, failure_reason, attempts, direction
+FROM {dead_letters}
+WHERE (%(topic)s IS NULL OR topic = %(topic)s)
+  AND (%(type)s IS NULL OR type = %(type)s)
+  AND (%(key)s IS NULL OR `key` = %(key)s)
+  AND (NOT %(by_id)s OR id IN %(ids)s)
+  AND (%(after)s IS NULL OR dl_seq < %(after)s)
+ORDER BY dl_seq DESC
+LIMIT %(limit)s
+
+-- name: select_dead_letters
+-- The dead letters a replay or purge acts on, locked for the rest of its transaction (MySQL has
+-- no DELETE ... RETURNING): the statements that follow act on exactly these rows.
+SELECT dl_seq, id, direction
+FROM {dead_letters} d
+WHERE (%(topic)s IS NULL OR topic = %(topic)s)
+  AND (%(type)s IS NULL OR type = %(type)s)
+  AND (%(key)s IS NULL OR `key` = %(key)s)
+  AND (NOT %(by_id)s OR id IN %(ids)s)
+ORDER BY dl_seq
+FOR UPDATE
+
+-- name: replayable_dead_letters
+-- Of the selected publish dead letters, those whose id is not in the outbox again (written
+-- anew by the application): the others stay put.
+SELECT d.dl_seq, d.id FROM {dead_letters} d
+WHERE d.dl_seq IN %(seqs)s AND NOT EXISTS (SELECT 1 FROM {outbox} o WHERE o.id = d.id)
+ORDER BY d.dl_seq
+
+-- name: replay_dead_letters
+-- Back to the outbox with the same id (consumers can still dedupe) and attempts reset, in
+-- dead-letter order.
+INSERT INTO {outbox} (id, topic, `key`, type, payload, content_type, headers, created_at)
+SELECT d.id, d.topic, d.`key`, d.type, d.payload, d.content_type, d.headers, d.created_at
+FROM {dead_letters} d
+WHERE d.dl_seq IN %(seqs)s
+ORDER BY d.dl_seq
+
+-- name: delete_dead_letters
+DELETE FROM {dead_letters} WHERE dl_seq IN %(seqs)s
+
+-- name: list_messages
+-- The backlog as operators see it (outboxer messages, GET /api/messages), oldest first.
+-- {filters} becomes fixed conditions for the filters given (AND o.`key` = the key parameter;
+-- a value), so a key filter walks the (key, seq) index and the others the primary key from the
+-- cursor, stopping at limit matching rows. The state is judged in the order of
+-- outboxer.ports.MessageState; "held" asks the dead letters' key index.
+SELECT m.* FROM (
+    SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
+           o.created_at, o.available_at, o.attempts, o.last_error, o.locked_by, o.locked_until,
+           CASE
+               WHEN o.claim_token IS NOT NULL THEN 'in_flight'
+               WHEN o.`key` IS NOT NULL AND EXISTS (
+                   SELECT 1 FROM {dead_letters} d
+                   WHERE d.`key` = o.`key` AND d.direction = 'publish') THEN 'held'
+               WHEN o.available_at > UTC_TIMESTAMP(6) AND o.attempts > 0 THEN 'retrying'
+               WHEN o.available_at > UTC_TIMESTAMP(6) THEN 'scheduled'
+               ELSE 'pending'
+           END AS state
+    FROM {outbox} o
+    WHERE o.seq > %(after)s {filters}
+) m
+WHERE (%(state)s IS NULL OR m.state = %(state)s)
+ORDER BY m.seq
+LIMIT %(limit)s

@@ -1,0 +1,165 @@
+"""The MySQL/MariaDB store on a real MariaDB: the store contract, commit order, schema."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncmy
+import pytest
+
+from outboxer.config import RelaySettings, TableNames
+from outboxer.outbox import Outbox
+from outboxer.relay import Relay
+from outboxer.stores import _sql
+from outboxer.stores.mysql import MysqlStore
+from outboxer.testing import RecordingPublisher
+from tests.conftest import mysql_connect
+from tests.contracts.store import StoreContract
+
+
+async def enqueue(
+    conn: asyncmy.Connection, database: str, topic: str, payload: object, **options: Any
+) -> str:
+    """One message through the application's connection, in its open transaction (if any)."""
+    row = Outbox().row(topic, payload, **options)
+    async with conn.cursor() as cur:
+        await cur.execute(
+            f"INSERT INTO `{database}`.`outbox` "
+            "(id, topic, `key`, type, payload, content_type, headers, available_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, COALESCE(%s, UTC_TIMESTAMP(6)))",
+            (*row[:-1], row.available_at.replace(tzinfo=None) if row.available_at else None),
+        )
+    return row.id
+
+
+class TestMysqlStore(StoreContract):
+    @pytest.fixture
+    def store(self, mysql_store: MysqlStore) -> MysqlStore:
+        return mysql_store
+
+    @pytest.fixture
+    def add(self, mysql_database: str) -> Any:
+        async def add(topic: str, payload: object, **options: Any) -> str:
+            conn = await mysql_connect(mysql_database)
+            try:
+                return await enqueue(conn, mysql_database, topic, payload, **options)
+            finally:
+                conn.close()
+
+        return add
+
+
+async def test_commit_order_a_slower_earlier_transaction_is_never_overtaken(
+    mysql_store: MysqlStore, mysql_database: str
+) -> None:
+    """T1 writes key K first (the smaller auto-increment value) but commits last; T2 writes K
+    after it and commits first.
+
+    A claim that saw only committed rows would take T2's row as K's head and publish it before
+    T1's. The ordered claim counts T1's uncommitted row, so nothing of K is published until T1
+    has committed, and then both in write order. Other keys are not held back meanwhile.
+    """
+    t1, t2 = await mysql_connect(mysql_database), await mysql_connect(mysql_database)
+    publisher = RecordingPublisher()
+    relay = Relay(mysql_store, publisher, RelaySettings(poll_interval=0.05, min_poll_interval=0.01))
+    task = asyncio.create_task(relay.run())
+    try:
+        async with t1.cursor() as cur:
+            await cur.execute("START TRANSACTION")
+        a = await enqueue(t1, mysql_database, "t", {"n": 1}, key="K")
+        async with t2.cursor() as cur:
+            await cur.execute("START TRANSACTION")
+        b = await enqueue(t2, mysql_database, "t", {"n": 2}, key="K")
+        other = await enqueue(t2, mysql_database, "t", {"n": 3}, key="other")
+        async with t2.cursor() as cur:
+            await cur.execute("COMMIT")
+        async with asyncio.timeout(10):
+            while [m.id for m in publisher.messages] != [other]:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)  # the relay polls ~10 times while T1 is open
+        assert [m.id for m in publisher.messages] == [other]
+        async with t1.cursor() as cur:
+            await cur.execute("COMMIT")
+        async with asyncio.timeout(10):
+            while len(publisher.messages) < 3:
+                await asyncio.sleep(0.01)
+        assert [m.id for m in publisher.messages] == [other, a, b]
+    finally:
+        relay.stop()
+        await task
+        t1.close()
+        t2.close()
+
+
+async def test_a_rolled_back_transaction_releases_its_key(
+    mysql_store: MysqlStore, mysql_database: str
+) -> None:
+    """An uncommitted row holds its key back only while its transaction runs."""
+    t1 = await mysql_connect(mysql_database)
+    try:
+        async with t1.cursor() as cur:
+            await cur.execute("START TRANSACTION")
+        await enqueue(t1, mysql_database, "t", {"n": 1}, key="K")
+        add = await mysql_connect(mysql_database)
+        try:
+            b = await enqueue(add, mysql_database, "t", {"n": 2}, key="K")
+        finally:
+            add.close()
+        claim = await mysql_store.claim_batch(
+            limit=10, lease_seconds=30, ordered=True, relay_id="r"
+        )
+        assert claim.messages == []
+        unordered = await mysql_store.claim_batch(
+            limit=10, lease_seconds=30, ordered=False, relay_id="r"
+        )
+        assert [m.id for m in unordered.messages] == [b], "unordered claims promise no order"
+        async with t1.cursor() as cur:
+            await cur.execute("ROLLBACK")
+    finally:
+        t1.close()
+
+
+async def test_migrating_step_by_step_equals_a_fresh_install(
+    mysql_url: str, mysql_database: str
+) -> None:
+    fresh, stepwise = (
+        TableNames(schema=mysql_database, table="fresh"),
+        TableNames(schema=mysql_database, table="stepwise"),
+    )
+    async with MysqlStore(mysql_url, fresh) as store:
+        assert await store.migrate() == [m.version for m in _sql.migrations("mysql")]
+        assert await store.migrate() == []
+        await store.check_schema()
+    async with MysqlStore(mysql_url, stepwise) as store:
+        for version in range(1, len(_sql.migrations("mysql")) + 1):
+            assert await store.migrate(target=version) == [version]
+        await store.check_schema()
+
+        async def columns(table: str) -> list[tuple[Any, ...]]:
+            rows = await store.execute(
+                "SELECT TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLUMN_DEFAULT "
+                "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
+                "AND TABLE_NAME LIKE %s ORDER BY TABLE_NAME, ORDINAL_POSITION",
+                (mysql_database, f"{table}%"),
+            )
+            return [(r["TABLE_NAME"].removeprefix(table), *list(r.values())[1:]) for r in rows]
+
+        async def indexes(table: str) -> list[tuple[Any, ...]]:
+            rows = await store.execute(
+                "SELECT TABLE_NAME, INDEX_NAME, SEQ_IN_INDEX, COLUMN_NAME, NON_UNIQUE "
+                "FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s "
+                "AND TABLE_NAME LIKE %s ORDER BY TABLE_NAME, INDEX_NAME, SEQ_IN_INDEX",
+                (mysql_database, f"{table}%"),
+            )
+            return sorted(
+                (
+                    r["TABLE_NAME"].removeprefix(table),
+                    r["INDEX_NAME"].removeprefix(table),
+                    *list(r.values())[2:],
+                )
+                for r in rows
+            )
+
+        assert await columns("stepwise") == await columns("fresh")
+        assert await indexes("stepwise") == await indexes("fresh")
