@@ -75,28 +75,24 @@ async def fill(
     """Commit ``count`` messages (key = n % keys) and ANALYZE, outside the timed section."""
     outbox = outboxer.Outbox(schema=schema)
     body = payload or PAYLOAD
-    rows = [
-        tuple(
-            outbox.row(
-                topic,
-                {**body, "order_id": n},
-                key=(n % keys) if keys else None,
-                type="OrderCreated",
-            )
-        )
+    messages = [
+        {
+            "topic": topic,
+            "payload": {**body, "order_id": n},
+            "key": (n % keys) if keys else None,
+            "type": "OrderCreated",
+        }
         for n in range(count)
     ]
     conn = await asyncpg.connect(PG_URL)
     try:
+        # one statement, one commit: the relays see the whole backlog at once
+        ids = await outbox.enqueue_many_async(conn, messages)
         if analyze:
-            await conn.executemany(outbox.insert_sql("postgres", "numeric"), rows)
             await conn.execute(f'VACUUM ANALYZE "{schema}".outbox')
-        else:  # one transaction, one commit: the relays see the whole backlog at once
-            async with conn.transaction():
-                await conn.executemany(outbox.insert_sql("postgres", "numeric"), rows)
     finally:
         await conn.close()
-    return [r[0] for r in rows]
+    return ids
 
 
 async def drain_rate(schema: str, publisher: Any, settings: RelaySettings, count: int) -> float:

@@ -98,21 +98,19 @@ class DropAll(SpanExporter):
 async def fill_traced(schema: str, count: int, traced: bool) -> None:
     outbox = outboxer.Outbox(schema=schema)
     header = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
-    rows = [
-        tuple(
-            outbox.row(
-                "orders",
-                {**PAYLOAD, "order_id": n},
-                key=n % 1000,
-                type="OrderCreated",
-                headers=header if traced else None,
-            )
-        )
+    messages = [
+        {
+            "topic": "orders",
+            "payload": {**PAYLOAD, "order_id": n},
+            "key": n % 1000,
+            "type": "OrderCreated",
+            "headers": header if traced else None,
+        }
         for n in range(count)
     ]
     conn = await asyncpg.connect(PG_URL)
     try:
-        await conn.executemany(outbox.insert_sql("postgres", "numeric"), rows)
+        await outbox.enqueue_many_async(conn, messages)
         await conn.execute(f'VACUUM ANALYZE "{schema}".outbox')
     finally:
         await conn.close()

@@ -144,20 +144,17 @@ async def backlog(count: int = 1_000_000) -> dict[str, Any]:
             await store.migrate()
             conn = await asyncpg.connect(PG_URL)
             outbox = outboxer.Outbox(schema=schema)
-            sql = outbox.insert_sql("postgres", "numeric")
             for start in range(0, count, 50_000):
-                rows = [
-                    tuple(
-                        outbox.row(
-                            "orders",
-                            {**PAYLOAD, "order_id": n},
-                            key=n % 10_000,
-                            type="OrderCreated",
-                        )
-                    )
+                messages = [
+                    {
+                        "topic": "orders",
+                        "payload": {**PAYLOAD, "order_id": n},
+                        "key": n % 10_000,
+                        "type": "OrderCreated",
+                    }
                     for n in range(start, start + 50_000)
                 ]
-                await conn.executemany(sql, rows)
+                await outbox.enqueue_many_async(conn, messages)
             await conn.execute(f'ANALYZE "{schema}".outbox')
             size = f"SELECT pg_total_relation_size('\"{schema}\".outbox')"
             before = await conn.fetchval(size)

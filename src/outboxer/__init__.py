@@ -1,7 +1,8 @@
 """outboxer: a transactional outbox for Python.
 
 Write messages in the same transaction as your business rows with :func:`enqueue` /
-:func:`enqueue_async`; run ``outboxer relay`` to publish them, acknowledged, to your broker.
+:func:`enqueue_async` (many at once: :func:`enqueue_many` / :func:`enqueue_many_async`); run
+``outboxer relay`` to publish them, acknowledged, to your broker.
 """
 
 from outboxer.config import Backoff, RelaySettings, TableNames
@@ -22,7 +23,7 @@ from outboxer.errors import (
 )
 from outboxer.inbox.registry import HandlerContext, HandlerRegistry
 from outboxer.message import Message
-from outboxer.outbox import Outbox, enqueue, enqueue_async
+from outboxer.outbox import Outbox, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from outboxer.ports import Publisher, Store
 from outboxer.relay import Relay
 
@@ -52,6 +53,8 @@ __all__ = [
     "UndecodablePayload",
     "enqueue",
     "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_async",
 ]
 
 __version__ = "0.1.0"

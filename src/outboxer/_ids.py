@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 
 
 def new_message_id() -> str:
@@ -21,4 +20,6 @@ def new_message_id() -> str:
     value |= (rand >> 68) << 64  # 12 bits rand_a
     value |= 0b10 << 62  # RFC 4122 variant
     value |= rand & 0x3FFF_FFFF_FFFF_FFFF  # 62 bits rand_b
-    return str(uuid.UUID(int=value))
+    # The canonical 8-4-4-4-12 form of uuid.UUID(int=value), formatted directly (2x faster).
+    digits = f"{value:032x}"
+    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"

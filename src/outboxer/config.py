@@ -14,6 +14,13 @@ from outboxer.errors import ConfigurationError
 __all__ = ["Backoff", "RelaySettings", "TableNames", "validate_identifier"]
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+# PostgreSQL's identifier limit (NAMEDATALEN - 1 bytes). A longer name is not refused but
+# silently truncated, so two derived names can collide or a LISTEN miss its NOTIFY.
+MAX_IDENTIFIER = 63
+# Every table, index and trigger of an outbox is named after its table; the longest derived
+# name is "<table>_inbox_failures_dead" (20 more characters; tests/unit/test_table_names.py
+# checks every name in the SQL files against this).
+MAX_TABLE_NAME = MAX_IDENTIFIER - len("_inbox_failures_dead")
 
 
 def validate_identifier(name: str, what: str = "identifier") -> str:
@@ -44,9 +51,23 @@ class TableNames:
     schema: str | None = None
 
     def __post_init__(self) -> None:
+        # Checked where the name is accepted: a name whose derived names do not fit would let
+        # `db upgrade` succeed and every later enqueue or relay fail.
         validate_identifier(self.table, "table name")
+        if len(self.table) > MAX_TABLE_NAME:
+            raise ConfigurationError(
+                f"invalid table name {self.table!r}: at most {MAX_TABLE_NAME} characters, so "
+                f"that the names derived from it (such as {self.table}_inbox_failures_dead) "
+                f"fit PostgreSQL's {MAX_IDENTIFIER}"
+            )
         if self.schema is not None:
             validate_identifier(self.schema, "schema name")
+        if len(self.channel) > MAX_IDENTIFIER:  # (only with a schema: "public" is short)
+            raise ConfigurationError(
+                f"invalid schema and table names {self.schema!r}, {self.table!r}: together at "
+                f"most {MAX_IDENTIFIER - len('outboxer..')} characters, so that the "
+                f"notification channel {self.channel!r} fits PostgreSQL's {MAX_IDENTIFIER}"
+            )
 
     def qualified(self, suffix: str = "", quote: str = '"') -> str:
         """The quoted, schema-qualified name of the outbox table or a sibling table."""

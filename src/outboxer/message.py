@@ -16,11 +16,11 @@ import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from outboxer.errors import ConfigurationError
 
-__all__ = ["JSON", "OCTET_STREAM", "TEXT", "Message", "encode_headers", "encode_payload"]
+__all__ = ["JSON", "OCTET_STREAM", "TEXT", "Message", "Row", "encode_headers", "encode_payload"]
 
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
@@ -65,6 +65,23 @@ class Message:
         return self.payload.decode()
 
 
+class Row(NamedTuple):
+    """A message as ``enqueue`` writes it: the outbox columns the writer fills, in this order.
+
+    The database fills the others (``seq``, ``created_at``, ``attempts`` ...), and
+    ``available_at`` when it is ``None`` (the database's clock, not the application's).
+    """
+
+    id: str
+    topic: str
+    key: str | None
+    type: str | None
+    payload: bytes
+    content_type: str
+    headers: str  # a JSON object
+    available_at: dt.datetime | None
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
@@ -79,8 +96,11 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, default=_json_default, separators=(",", ":")).encode()
+# Built once: json.dumps with options constructs an encoder on every call (a third of the cost
+# of encoding a small payload). NaN and Infinity are refused: they are not JSON, and consumers
+# in other languages (and PostgreSQL's jsonb) reject them.
+_PAYLOAD_ENCODER = json.JSONEncoder(default=_json_default, separators=(",", ":"), allow_nan=False)
+_HEADERS_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 def encode_payload(payload: object) -> tuple[bytes, str]:
@@ -91,20 +111,24 @@ def encode_payload(payload: object) -> tuple[bytes, str]:
     Pydantic is detected by duck typing so that the core does not import it.
 
     Raises:
-        ConfigurationError: the payload has a type outboxer cannot serialize.
+        ConfigurationError: the payload has a type outboxer cannot serialize, is not valid JSON
+            (NaN, Infinity, a circular or too deeply nested structure) or is a ``str`` that is
+            not valid Unicode (a lone surrogate).
     """
     if isinstance(payload, bytes | bytearray | memoryview):
         return bytes(payload), OCTET_STREAM
-    if isinstance(payload, str):
-        return payload.encode(), TEXT
-    dump_json = getattr(payload, "model_dump_json", None)
-    if callable(dump_json) and not isinstance(payload, type):
-        return str(dump_json()).encode(), JSON
-    if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
-        payload = dataclasses.asdict(payload)
     try:
-        return _dumps(payload), JSON
-    except (TypeError, ValueError) as exc:
+        if isinstance(payload, str):
+            return payload.encode(), TEXT
+        dump_json = getattr(payload, "model_dump_json", None)
+        if callable(dump_json) and not isinstance(payload, type):
+            return str(dump_json()).encode(), JSON
+        if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+            payload = dataclasses.asdict(payload)
+        return _PAYLOAD_ENCODER.encode(payload).encode(), JSON
+    except (TypeError, ValueError, RecursionError, OverflowError) as exc:
+        # ValueError covers NaN/Infinity, circular references, lone surrogates in a str payload
+        # and ints beyond Python's digit limit; RecursionError a structure nested too deep.
         raise ConfigurationError(f"cannot serialize payload: {exc}") from exc
 
 
@@ -117,4 +141,4 @@ def encode_headers(headers: Mapping[str, str] | None) -> str:
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise ConfigurationError(f"header {name!r}: names and values must be strings")
-    return json.dumps(dict(headers), separators=(",", ":"))
+    return _HEADERS_ENCODER.encode(dict(headers))

@@ -1,60 +1,146 @@
-"""The write side: add a message to the outbox inside the caller's open transaction.
+"""The write core: validate a message and encode it into an outbox row, in the caller's transaction.
 
-``enqueue`` executes one INSERT on the connection or session the application already uses for its
-business rows, so the message commits or rolls back with them. It never commits, never opens a
-transaction of its own and never imports a driver: the connection's type says which parameter
-style to use (SQLAlchemy support lives in :mod:`outboxer.integrations.sqlalchemy`).
+``enqueue`` adds one row on the connection or session the application already uses for its
+business rows, so the message commits or rolls back with them; ``enqueue_many`` adds many in one
+round trip (or a few). Neither commits nor opens a transaction of its own.
+
+This module knows no driver and holds no SQL: it turns arguments into a :class:`Row` and hands
+it to the writer of the connection's driver family (:mod:`outboxer.writers`, imported lazily).
+Everything a database could refuse is checked here first, so a bad value raises
+:class:`~outboxer.errors.ConfigurationError` while the caller's transaction is still clean:
+
+==============================  ===============================================================
+value                           accepted
+==============================  ===============================================================
+topic, type, id                 ``str``, at most 255 bytes of UTF-8 (topic and id non-empty)
+key                             ``str`` or ``int``, at most 255 bytes of UTF-8
+header names / values           ``str`` (a mapping of them); names at most 255 bytes
+every text above                no NUL character, no lone surrogate (PostgreSQL stores neither)
+payload                         see :func:`outboxer.message.encode_payload`; JSON has no NaN
+available_at                    aware or naive (= UTC) ``datetime``, or a ``timedelta``
+==============================  ===============================================================
+
+255 bytes: the limit of an AMQP short string (routing key, message id, type, header name) and
+far below PostgreSQL's b-tree entry limit (~2.7 kB) on the indexed id, key and topic columns.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import re
-import sqlite3
-from collections.abc import Mapping
-from functools import cache
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from outboxer._ids import new_message_id
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
-from outboxer.message import encode_headers, encode_payload
+from outboxer.message import Row, encode_headers, encode_payload
 from outboxer.observability.propagation import TRACEPARENT, trace_headers
-from outboxer.stores import _sql
+from outboxer.writers import async_writer, sync_writer
 
-__all__ = ["Outbox", "enqueue", "enqueue_async"]
+__all__ = [
+    "MAX_TEXT_BYTES",
+    "Outbox",
+    "Row",
+    "enqueue",
+    "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_async",
+]
 
-_DOLLAR = re.compile(r"\$(\d+)")
-
-
-class Row(NamedTuple):
-    """The INSERT parameters, in the order of the ``insert`` query."""
-
-    id: str
-    topic: str
-    key: str | None
-    type: str | None
-    payload: bytes
-    content_type: str
-    headers: str
-    available_at: dt.datetime | None
-
-    def for_dialect(self, dialect: str) -> tuple[Any, ...]:
-        if dialect == "sqlite" and self.available_at is not None:
-            return (*self[:7], self.available_at.timestamp())
-        return tuple(self)
+MAX_TEXT_BYTES = 255
+_REQUIRED = frozenset({"topic", "payload"})
+_OPTIONS = _REQUIRED | {"key", "type", "headers", "id", "available_at"}
 
 
-def _connection_kind(conn: object) -> str:
-    if isinstance(conn, sqlite3.Connection | sqlite3.Cursor):
-        return "sqlite3"
-    module = type(conn).__module__.split(".")[0]
-    if module in ("sqlalchemy", "psycopg", "asyncpg", "aiosqlite"):
-        return module
-    raise ConfigurationError(
-        f"enqueue() does not know connections of type {type(conn).__module__}."
-        f"{type(conn).__qualname__}: pass a SQLAlchemy Session/Connection (sync or async), "
-        "a psycopg 3 connection, an asyncpg connection or a sqlite3 connection"
+def _text(value: str, what: str, limit: int | None = MAX_TEXT_BYTES) -> str:
+    """``value`` if PostgreSQL can store it within ``limit`` bytes, else ConfigurationError."""
+    if value.isascii():  # (a flag lookup in CPython: the common case costs next to nothing)
+        size = len(value)
+    else:
+        try:
+            size = len(value.encode())
+        except UnicodeEncodeError:
+            raise ConfigurationError(
+                f"{what} is not valid Unicode (a lone surrogate): {value!r}"
+            ) from None
+    if "\x00" in value:
+        raise ConfigurationError(f"{what} contains a NUL character: {value!r}")
+    if limit is not None and size > limit:
+        raise ConfigurationError(f"{what} is {size} bytes long: at most {limit} are accepted")
+    return value
+
+
+def _headers(headers: object, trace: dict[str, str] | None) -> str:
+    if headers is None:
+        headers = {}
+    elif not isinstance(headers, Mapping):
+        raise ConfigurationError("headers must be a mapping of strings to strings")
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ConfigurationError(f"header {name!r}: names and values must be strings")
+        _text(name, "header name")
+        _text(value, f"header {name!r}", limit=None)
+    if trace is not None and TRACEPARENT not in headers:
+        headers = {**headers, **trace}
+    return encode_headers(headers)
+
+
+def _absolute(when: object) -> dt.datetime | None:
+    if when is None:
+        return None
+    if isinstance(when, dt.timedelta):
+        try:
+            return dt.datetime.now(dt.UTC) + when
+        except OverflowError:
+            raise ConfigurationError(f"available_at: now + {when} is past year 9999") from None
+    if isinstance(when, dt.datetime):
+        # A naive datetime is taken as UTC, like datetime.utcnow() produces.
+        return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+    raise ConfigurationError("available_at must be a datetime, a timedelta or None")
+
+
+def _row(
+    topic: object,
+    payload: object,
+    key: object = None,
+    type: object = None,  # noqa: A002 - the contract's word for the event type
+    headers: object = None,
+    id: object = None,  # noqa: A002 - the contract's word for the message id
+    available_at: object = None,
+    *,
+    trace: dict[str, str] | None,
+) -> Row:
+    if not isinstance(topic, str) or not topic:
+        raise ConfigurationError("topic must be a non-empty string")
+    if key is not None:
+        if isinstance(key, int):
+            try:
+                key = str(key)
+            except ValueError:  # beyond Python's int-to-str digit limit
+                raise ConfigurationError("key is an int too large to write out") from None
+        elif not isinstance(key, str):
+            raise ConfigurationError("key must be a string (or an int) or None")
+        _text(key, "key")
+    if type is not None:
+        if not isinstance(type, str):
+            raise ConfigurationError("type must be a string or None")
+        _text(type, "type")
+    if id is None:
+        id = new_message_id()  # noqa: A001
+    elif not isinstance(id, str) or not id:
+        raise ConfigurationError("id must be a non-empty string or None")
+    else:
+        _text(id, "id")
+    body, content_type = encode_payload(payload)
+    return Row(
+        id,
+        _text(topic, "topic"),
+        key,
+        type,
+        body,
+        content_type,
+        _headers(headers, trace),
+        _absolute(available_at),
     )
 
 
@@ -72,10 +158,6 @@ class Outbox:
     def __repr__(self) -> str:
         return f"Outbox(table={self.names.table!r}, schema={self.names.schema!r})"
 
-    def insert_sql(self, dialect: str, paramstyle: str) -> str:
-        """The INSERT for ``dialect`` in ``paramstyle`` (numeric/format/qmark/named)."""
-        return _insert_sql(self.names, dialect, paramstyle)
-
     def row(
         self,
         topic: str,
@@ -87,113 +169,94 @@ class Outbox:
         id: str | None = None,  # noqa: A002 - the contract's word for the message id
         available_at: dt.datetime | dt.timedelta | None = None,
     ) -> Row:
-        """Validate and encode one message; raises ``ConfigurationError`` on bad input.
+        """Validate and encode one message (see the module docstring for what is accepted).
 
         When an OpenTelemetry span is active, its W3C ``traceparent``/``tracestate`` are added
         to the headers (unless ``headers`` has a ``traceparent`` of its own), so the relay's
         publish span continues the caller's trace.
+
+        Raises:
+            ConfigurationError: a value the outbox cannot store or publish.
         """
-        if not isinstance(topic, str) or not topic:
-            raise ConfigurationError("topic must be a non-empty string")
-        if key is not None and not isinstance(key, str | int):
-            raise ConfigurationError("key must be a string (or an int) or None")
-        if type is not None and not isinstance(type, str):
-            raise ConfigurationError("type must be a string or None")
-        if id is not None and (not isinstance(id, str) or not id):
-            raise ConfigurationError("id must be a non-empty string or None")
-        body, content_type = encode_payload(payload)
-        trace = trace_headers()
-        if trace is not None and (
-            headers is None or (isinstance(headers, Mapping) and TRACEPARENT not in headers)
-        ):  # (headers of a wrong type are left for encode_headers to refuse)
-            headers = {**headers, **trace} if headers else trace
-        return Row(
-            id=id or new_message_id(),
-            topic=topic,
-            key=str(key) if key is not None else None,
-            type=type,
-            payload=body,
-            content_type=content_type,
-            headers=encode_headers(headers),
-            available_at=_absolute(available_at),
-        )
+        return _row(topic, payload, key, type, headers, id, available_at, trace=trace_headers())
+
+    def rows(self, messages: Iterable[Mapping[str, Any]]) -> list[Row]:
+        """Validate and encode every message of ``messages`` before anything is written.
+
+        Each message is a mapping of :meth:`row`'s arguments (``topic`` and ``payload``
+        required). Ids must be distinct: a duplicate would abort the caller's transaction.
+
+        Raises:
+            ConfigurationError: naming the position of the first message refused.
+        """
+        trace = trace_headers()  # one span for the whole call: looked up once
+        rows, ids = [], set()
+        for n, message in enumerate(messages):
+            try:
+                if not isinstance(message, Mapping):
+                    raise ConfigurationError("must be a mapping of enqueue's arguments")
+                if not message.keys() <= _OPTIONS or not message.keys() >= _REQUIRED:
+                    raise ConfigurationError(
+                        f"has {sorted(map(str, message))}; topic and payload are required, "
+                        f"the others are among {sorted(_OPTIONS - _REQUIRED)}"
+                    )
+                row = _row(**message, trace=trace)
+                if row.id in ids:
+                    raise ConfigurationError(f"id {row.id!r} appears twice")
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"message {n}: {exc}") from exc
+            ids.add(row.id)
+            rows.append(row)
+        return rows
 
     def enqueue(self, conn: Any, topic: str, payload: object, **options: Any) -> str:
         """Insert a message in ``conn``'s open transaction and return its id.
 
         Args:
-            conn: SQLAlchemy ``Session``/``Connection``, psycopg 3 ``Connection``/``Cursor`` or a
-                ``sqlite3.Connection``, inside the caller's transaction.
+            conn: The caller's connection or session inside its transaction: SQLAlchemy
+                ``Session``/``Connection`` (or a ``scoped_session``), psycopg 3
+                ``Connection``/``Cursor``, ``sqlite3.Connection``/``Cursor`` (subclasses too).
             topic: Destination (Kafka topic, routing key, subject, stream).
             payload: dict/list (JSON), str, bytes, a dataclass or a pydantic model.
             **options: ``key``, ``type``, ``headers``, ``id``, ``available_at`` (datetime or
                 timedelta from now) - see :meth:`row`.
         """
         row = self.row(topic, payload, **options)
-        kind = _connection_kind(conn)
-        if kind == "sqlite3":
-            conn.execute(self.insert_sql("sqlite", "qmark"), row.for_dialect("sqlite"))
-        elif kind == "psycopg" and not _is_async(conn):
-            conn.execute(self.insert_sql("postgres", "format"), row)
-        elif kind == "sqlalchemy":
-            from outboxer.integrations import sqlalchemy as sa_integration
-
-            sa_integration.insert(self, conn, row)
-        else:
-            raise ConfigurationError(
-                f"{type(conn).__qualname__} is asynchronous: use 'await enqueue_async(...)'"
-            )
+        writer, target = sync_writer(conn)
+        writer.insert(target, self.names, row)
         return row.id
 
     async def enqueue_async(self, conn: Any, topic: str, payload: object, **options: Any) -> str:
-        """Like :meth:`enqueue` for asyncpg, psycopg ``AsyncConnection``, aiosqlite and
-        SQLAlchemy ``AsyncSession``/``AsyncConnection``."""
+        """Like :meth:`enqueue` for asyncpg (a pool's connections too), psycopg
+        ``AsyncConnection``/``AsyncCursor``, aiosqlite and SQLAlchemy
+        ``AsyncSession``/``AsyncConnection``."""
         row = self.row(topic, payload, **options)
-        kind = _connection_kind(conn)
-        if kind == "asyncpg":
-            await conn.execute(self.insert_sql("postgres", "numeric"), *row)
-        elif kind == "psycopg" and _is_async(conn):
-            await conn.execute(self.insert_sql("postgres", "format"), row)
-        elif kind == "aiosqlite":
-            await conn.execute(self.insert_sql("sqlite", "qmark"), row.for_dialect("sqlite"))
-        elif kind == "sqlalchemy":
-            from outboxer.integrations import sqlalchemy as sa_integration
-
-            await sa_integration.insert_async(self, conn, row)
-        else:
-            raise ConfigurationError(
-                f"{type(conn).__qualname__} is synchronous: use 'enqueue(...)' (no await)"
-            )
+        writer, target = async_writer(conn)
+        await writer.insert(target, self.names, row)
         return row.id
 
+    def enqueue_many(self, conn: Any, messages: Iterable[Mapping[str, Any]]) -> list[str]:
+        """Insert many messages in ``conn``'s open transaction, in order; return their ids.
 
-def _is_async(conn: object) -> bool:
-    return type(conn).__name__.startswith("Async")
+        Every message is validated before the first statement is sent (all or none are
+        written). ``messages`` holds mappings of :meth:`enqueue`'s arguments, e.g.
+        ``{"topic": "orders", "payload": {...}, "key": "42"}``.
+        """
+        rows = self.rows(messages)
+        writer, target = sync_writer(conn)
+        if rows:
+            writer.insert_many(target, self.names, rows)
+        return [row.id for row in rows]
 
-
-def _absolute(when: dt.datetime | dt.timedelta | None) -> dt.datetime | None:
-    if when is None:
-        return None
-    if isinstance(when, dt.timedelta):
-        return dt.datetime.now(dt.UTC) + when
-    if isinstance(when, dt.datetime):
-        # A naive datetime is taken as UTC, like datetime.utcnow() produces.
-        return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
-    raise ConfigurationError("available_at must be a datetime, a timedelta or None")
-
-
-@cache
-def _insert_sql(names: TableNames, dialect: str, paramstyle: str) -> str:
-    sql = _sql.queries(dialect, names, quote="`" if dialect == "mysql" else '"')["insert"]
-    if paramstyle == "numeric":
-        return sql
-    if paramstyle == "format":
-        return _DOLLAR.sub("%s", sql)
-    if paramstyle == "qmark":
-        return _DOLLAR.sub("?", sql)
-    if paramstyle == "named":
-        return _DOLLAR.sub(lambda m: f":p{m.group(1)}", sql)
-    raise ValueError(paramstyle)
+    async def enqueue_many_async(
+        self, conn: Any, messages: Iterable[Mapping[str, Any]]
+    ) -> list[str]:
+        """Async twin of :meth:`enqueue_many`, for the connections of :meth:`enqueue_async`."""
+        rows = self.rows(messages)
+        writer, target = async_writer(conn)
+        if rows:
+            await writer.insert_many(target, self.names, rows)
+        return [row.id for row in rows]
 
 
 _default = Outbox()
@@ -207,3 +270,13 @@ def enqueue(conn: Any, topic: str, payload: object, **options: Any) -> str:
 async def enqueue_async(conn: Any, topic: str, payload: object, **options: Any) -> str:
     """Async twin of :func:`enqueue`; see ``Outbox.enqueue_async``."""
     return await _default.enqueue_async(conn, topic, payload, **options)
+
+
+def enqueue_many(conn: Any, messages: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Add many messages to the default outbox in one round trip; see ``Outbox.enqueue_many``."""
+    return _default.enqueue_many(conn, messages)
+
+
+async def enqueue_many_async(conn: Any, messages: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Async twin of :func:`enqueue_many`; see ``Outbox.enqueue_many_async``."""
+    return await _default.enqueue_many_async(conn, messages)

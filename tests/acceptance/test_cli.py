@@ -102,11 +102,10 @@ async def test_kill_9_mid_stream_loses_nothing_and_duplicates_stay_bounded(
     outbox = outboxer.Outbox(schema=pg_schema)
     conn = await asyncpg.connect(pg_url)
     try:
-        rows = [tuple(outbox.row("orders", {"n": n}, key=str(n % 500))) for n in range(total)]
-        await conn.executemany(outbox.insert_sql("postgres", "numeric"), rows)
+        messages = [{"topic": "orders", "payload": {"n": n}, "key": n % 500} for n in range(total)]
+        ids = set(await outbox.enqueue_many_async(conn, messages))
     finally:
         await conn.close()
-    ids = {r[0] for r in rows}
     relay_args = [
         "relay",
         *base,

@@ -19,11 +19,11 @@ from tests.conftest import wait_past_commit_gate
 
 async def dead_letters(pg_url: str, store: PostgresStore, schema: str, topic: str, n: int) -> None:
     outbox = outboxer.Outbox(schema=schema)
-    rows = [tuple(outbox.row(topic, {"n": i}, key=f"k{i}")) for i in range(n)]
+    messages = [{"topic": topic, "payload": {"n": i}, "key": f"k{i}"} for i in range(n)]
     conn = await asyncpg.connect(pg_url)
     try:
         async with conn.transaction():
-            await conn.executemany(outbox.insert_sql("postgres", "numeric"), rows)
+            await outbox.enqueue_many_async(conn, messages)
     finally:
         await conn.close()
     await wait_past_commit_gate(store)

@@ -37,16 +37,15 @@ BATCH, WINDOW = 200, 2
 async def write_messages(pg_url: str, schema: str, stream: str, count: int, keys: int) -> None:
     """``count`` messages, key = n % keys, committed in write order (500 per transaction)."""
     outbox = outboxer.Outbox(schema=schema)
-    sql = outbox.insert_sql("postgres", "numeric")
     conn = await asyncpg.connect(pg_url)
     try:
         for start in range(0, count, 500):
-            rows = [
-                tuple(outbox.row(stream, {"n": n, "k": n % keys}, key=f"k{n % keys}"))
+            messages = [
+                {"topic": stream, "payload": {"n": n, "k": n % keys}, "key": f"k{n % keys}"}
                 for n in range(start, min(count, start + 500))
             ]
             async with conn.transaction():
-                await conn.executemany(sql, rows)
+                await outbox.enqueue_many_async(conn, messages)
     finally:
         await conn.close()
 

@@ -278,17 +278,16 @@ async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
 
 async def write(pg_url: str, schema: str, topic: str, start: int, count: int) -> list[str]:
     outbox = outboxer.Outbox(schema=schema)
-    rows = [
-        tuple(outbox.row(topic, {"n": n}, key=f"k{n % 50}", type="Numbered"))
+    messages = [
+        {"topic": topic, "payload": {"n": n}, "key": f"k{n % 50}", "type": "Numbered"}
         for n in range(start, start + count)
     ]
     conn = await asyncpg.connect(pg_url)
     try:
         async with conn.transaction():
-            await conn.executemany(outbox.insert_sql("postgres", "numeric"), rows)
+            return await outbox.enqueue_many_async(conn, messages)
     finally:
         await conn.close()
-    return [r[0] for r in rows]
 
 
 @contextlib.contextmanager

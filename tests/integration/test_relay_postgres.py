@@ -30,17 +30,15 @@ QUICK = RelaySettings(
 async def fill(pg_url: str, schema: str, count: int, keys: int | None = None) -> list[str]:
     """Commit ``count`` messages in write order (key = n % keys)."""
     outbox = outboxer.Outbox(schema=schema)
-    sql = outbox.insert_sql("postgres", "numeric")
-    rows = [
-        tuple(outbox.row("orders", {"n": n}, key=(n % keys) if keys else None, type="T"))
+    messages = [
+        {"topic": "orders", "payload": {"n": n}, "key": (n % keys) if keys else None, "type": "T"}
         for n in range(count)
     ]
     conn = await asyncpg.connect(pg_url)
     try:
-        await conn.executemany(sql, rows)
+        return await outbox.enqueue_many_async(conn, messages)
     finally:
         await conn.close()
-    return [r[0] for r in rows]
 
 
 async def run_relays(

@@ -1,16 +1,22 @@
-"""``enqueue`` in the caller's transaction, for every supported connection kind.
+"""``enqueue`` and ``enqueue_many`` in the caller's transaction, for every supported connection.
 
-Each case commits one message and rolls another back, then checks what the outbox holds:
-the committed message is there (and a relay delivers it), the rolled-back one never exists.
+Each connection kind opens a connection and a transaction that commits when its block ends and
+rolls back when the block raises. For every kind: a committed message is there (and a relay
+delivers it), a rolled-back one never exists; ``enqueue_many`` writes the same rows as
+``enqueue``, in order, atomically; every refused value raises an ``OutboxerError`` and leaves
+the transaction usable (a later statement succeeds and commits).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
+import inspect
+import json
 import sqlite3
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import aiosqlite
@@ -19,17 +25,16 @@ import psycopg
 import pydantic
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 import outboxer
 from outboxer.config import Backoff, RelaySettings, TableNames
-from outboxer.errors import ConfigurationError
+from outboxer.errors import ConfigurationError, OutboxerError
 from outboxer.relay import Relay
 from outboxer.stores.postgres import PostgresStore
-from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import RecordingPublisher
-from tests.conftest import wait_past_commit_gate
+from tests.conftest import unique_name, wait_past_commit_gate
 
 
 class Rollback(Exception):
@@ -48,175 +53,345 @@ async def delivered_ids(store: Any) -> set[str]:
     return {m.id for m in publisher.messages}
 
 
-# -- PostgreSQL drivers ------------------------------------------------------------------------
+# -- connection kinds --------------------------------------------------------------------------
 
 
-@pytest.fixture
-def outbox(pg_schema: str) -> outboxer.Outbox:
-    return outboxer.Outbox(schema=pg_schema)
+class MyPsycopgConnection(psycopg.Connection[Any]):
+    """An application's own subclass: dispatch must recognise it by isinstance."""
 
 
-def sync_psycopg(pg_url: str, outbox: outboxer.Outbox) -> tuple[str, str]:
-    with psycopg.connect(pg_url) as conn:
-        with conn.transaction():
-            kept = outbox.enqueue(conn, "orders", {"n": 1}, key="1")
-        try:
-            with conn.transaction():
-                outbox.enqueue(conn, "orders", {"n": 2}, id="rolled-back")
-                raise Rollback
-        except Rollback:
-            pass
-    return kept, "rolled-back"
+class MySqliteConnection(sqlite3.Connection):
+    pass
 
 
-def sync_sqlalchemy_session(pg_url: str, outbox: outboxer.Outbox) -> tuple[str, str]:
-    engine = sa.create_engine(pg_url.replace("postgresql://", "postgresql+psycopg://"))
+@contextlib.contextmanager
+def psycopg_tx(url: str) -> Iterator[Any]:
+    with psycopg.connect(url) as conn, conn.transaction():
+        yield conn
+
+
+@contextlib.contextmanager
+def psycopg_subclass_tx(url: str) -> Iterator[Any]:
+    with MyPsycopgConnection.connect(url) as conn, conn.transaction():
+        yield conn
+
+
+@contextlib.contextmanager
+def psycopg_cursor_tx(url: str) -> Iterator[Any]:
+    with psycopg.connect(url) as conn, conn.transaction(), conn.cursor() as cursor:
+        yield cursor
+
+
+@contextlib.contextmanager
+def engine(url: str, driver: str) -> Iterator[sa.Engine]:
+    if url.startswith("postgresql://"):
+        url = url.replace("postgresql://", f"postgresql+{driver}://")
+    made = sa.create_engine(url)
     try:
-        with Session(engine) as session, session.begin():
-            kept = outbox.enqueue(session, "orders", {"n": 1})
-        try:
-            with Session(engine) as session, session.begin():
-                outbox.enqueue(session, "orders", {"n": 2}, id="rolled-back")
-                raise Rollback
-        except Rollback:
-            pass
+        yield made
     finally:
-        engine.dispose()
-    return kept, "rolled-back"
+        made.dispose()
 
 
-def sync_sqlalchemy_connection(pg_url: str, outbox: outboxer.Outbox) -> tuple[str, str]:
-    engine = sa.create_engine(pg_url.replace("postgresql://", "postgresql+psycopg://"))
+@contextlib.asynccontextmanager
+async def async_engine(url: str, driver: str) -> AsyncIterator[AsyncEngine]:
+    made = create_async_engine(url.replace("postgresql://", f"postgresql+{driver}://"))
     try:
-        with engine.begin() as conn:
-            kept = outbox.enqueue(conn, "orders", {"n": 1})
-        try:
-            with engine.begin() as conn:
-                outbox.enqueue(conn, "orders", {"n": 2}, id="rolled-back")
-                raise Rollback
-        except Rollback:
-            pass
+        yield made
     finally:
-        engine.dispose()
-    return kept, "rolled-back"
+        await made.dispose()
 
 
-@pytest.mark.parametrize(
-    "write", [sync_psycopg, sync_sqlalchemy_session, sync_sqlalchemy_connection]
-)
-async def test_sync_writers_on_postgres(
-    write: Callable[[str, outboxer.Outbox], tuple[str, str]],
-    pg_store: PostgresStore,
-    pg_url: str,
-    outbox: outboxer.Outbox,
-) -> None:
-    kept, rolled_back = write(pg_url, outbox)
-    assert await pending_ids(pg_store) == {kept}
-    assert await delivered_ids(pg_store) == {kept}
-    assert rolled_back not in await pending_ids(pg_store)
+@contextlib.contextmanager
+def sqlalchemy_session_tx(url: str) -> Iterator[Any]:
+    with engine(url, "psycopg") as made, Session(made) as session, session.begin():
+        yield session
 
 
-async def async_asyncpg(pg_url: str, outbox: outboxer.Outbox) -> tuple[str, str]:
-    conn = await asyncpg.connect(pg_url)
+@contextlib.contextmanager
+def sqlalchemy_connection_tx(url: str) -> Iterator[Any]:
+    with engine(url, "psycopg") as made, made.begin() as conn:
+        yield conn
+
+
+@contextlib.contextmanager
+def scoped_session_tx(url: str) -> Iterator[Any]:
+    with engine(url, "psycopg") as made:
+        registry = scoped_session(sessionmaker(made))
+        try:
+            with registry.begin():
+                yield registry
+        finally:
+            registry.remove()
+
+
+@contextlib.asynccontextmanager
+async def asyncpg_tx(url: str) -> AsyncIterator[Any]:
+    conn = await asyncpg.connect(url)
     try:
         async with conn.transaction():
-            kept = await outbox.enqueue_async(conn, "orders", {"n": 1})
-        try:
-            async with conn.transaction():
-                await outbox.enqueue_async(conn, "orders", {"n": 2}, id="rolled-back")
-                raise Rollback
-        except Rollback:
-            pass
+            yield conn
     finally:
         await conn.close()
-    return kept, "rolled-back"
 
 
-async def async_psycopg(pg_url: str, outbox: outboxer.Outbox) -> tuple[str, str]:
-    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
-        async with conn.transaction():
-            kept = await outbox.enqueue_async(conn, "orders", {"n": 1})
-        try:
-            async with conn.transaction():
-                await outbox.enqueue_async(conn, "orders", {"n": 2}, id="rolled-back")
-                raise Rollback
-        except Rollback:
-            pass
-    return kept, "rolled-back"
+@contextlib.asynccontextmanager
+async def asyncpg_pool_tx(url: str) -> AsyncIterator[Any]:
+    async with (
+        asyncpg.create_pool(url, min_size=1, max_size=1) as pool,
+        pool.acquire() as conn,
+        conn.transaction(),
+    ):
+        yield conn  # a PoolConnectionProxy
 
 
-async def async_sqlalchemy_session(pg_url: str, outbox: outboxer.Outbox) -> tuple[str, str]:
-    engine = create_async_engine(pg_url.replace("postgresql://", "postgresql+asyncpg://"))
+@contextlib.asynccontextmanager
+async def psycopg_async_tx(url: str) -> AsyncIterator[Any]:
+    async with await psycopg.AsyncConnection.connect(url) as conn, conn.transaction():
+        yield conn
+
+
+@contextlib.asynccontextmanager
+async def sqlalchemy_async_session_tx(url: str) -> AsyncIterator[Any]:
+    async with (
+        async_engine(url, "asyncpg") as made,
+        AsyncSession(made) as session,
+        session.begin(),
+    ):
+        yield session
+
+
+@contextlib.asynccontextmanager
+async def sqlalchemy_async_connection_tx(url: str) -> AsyncIterator[Any]:
+    async with async_engine(url, "psycopg") as made, made.begin() as conn:
+        yield conn
+
+
+@contextlib.contextmanager
+def sqlite3_tx(path: str, factory: type[sqlite3.Connection] = sqlite3.Connection) -> Iterator[Any]:
+    conn = sqlite3.connect(path, factory=factory)
     try:
-        async with AsyncSession(engine) as session, session.begin():
-            kept = await outbox.enqueue_async(session, "orders", {"n": 1})
-        try:
-            async with AsyncSession(engine) as session, session.begin():
-                await outbox.enqueue_async(session, "orders", {"n": 2}, id="rolled-back")
-                raise Rollback
-        except Rollback:
-            pass
+        with conn:  # commits, or rolls back on an exception
+            yield conn
     finally:
-        await engine.dispose()
-    return kept, "rolled-back"
+        conn.close()
 
 
-async def async_sqlalchemy_connection(pg_url: str, outbox: outboxer.Outbox) -> tuple[str, str]:
-    engine = create_async_engine(pg_url.replace("postgresql://", "postgresql+psycopg://"))
-    try:
-        async with engine.begin() as conn:
-            kept = await outbox.enqueue_async(conn, "orders", {"n": 1})
+@contextlib.contextmanager
+def sqlite3_subclass_tx(path: str) -> Iterator[Any]:
+    with sqlite3_tx(path, MySqliteConnection) as conn:
+        yield conn
+
+
+@contextlib.contextmanager
+def sqlite3_cursor_tx(path: str) -> Iterator[Any]:
+    with sqlite3_tx(path) as conn:
+        yield conn.cursor()
+
+
+@contextlib.contextmanager
+def sqlalchemy_sqlite_tx(path: str) -> Iterator[Any]:
+    with engine(f"sqlite:///{path}", "") as made, Session(made) as session, session.begin():
+        yield session
+
+
+@contextlib.asynccontextmanager
+async def aiosqlite_tx(path: str) -> AsyncIterator[Any]:
+    async with aiosqlite.connect(path) as conn:
         try:
-            async with engine.begin() as conn:
-                await outbox.enqueue_async(conn, "orders", {"n": 2}, id="rolled-back")
-                raise Rollback
-        except Rollback:
-            pass
-    finally:
-        await engine.dispose()
-    return kept, "rolled-back"
+            yield conn
+        except BaseException:
+            await conn.rollback()
+            raise
+        await conn.commit()
 
 
-@pytest.mark.parametrize(
-    "write",
-    [async_asyncpg, async_psycopg, async_sqlalchemy_session, async_sqlalchemy_connection],
-)
-async def test_async_writers_on_postgres(
-    write: Any, pg_store: PostgresStore, pg_url: str, outbox: outboxer.Outbox
-) -> None:
-    kept, rolled_back = await write(pg_url, outbox)
-    assert await pending_ids(pg_store) == {kept}
-    assert await delivered_ids(pg_store) == {kept}
-    assert rolled_back not in await pending_ids(pg_store)
+@contextlib.asynccontextmanager
+async def sqlalchemy_aiosqlite_tx(path: str) -> AsyncIterator[Any]:
+    async with async_engine(f"sqlite+aiosqlite:///{path}", "") as made, made.begin() as conn:
+        yield conn
 
 
-# -- SQLite drivers ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A way of holding a connection in a transaction, on PostgreSQL or SQLite."""
+
+    open: Callable[[str], Any]  # target -> (async) context manager of a connection in a tx
+    database: str
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.isasyncgenfunction(getattr(self.open, "__wrapped__", None))
+
+    def __str__(self) -> str:
+        return self.open.__name__.removesuffix("_tx")
 
 
-async def test_sqlite3_and_sqlalchemy_on_sqlite(
-    sqlite_store: SqliteStore, sqlite_path: Path
-) -> None:
-    conn = sqlite3.connect(sqlite_path)
-    with conn:
-        kept = outboxer.enqueue(conn, "orders", {"n": 1})
-    try:
-        with conn:
-            outboxer.enqueue(conn, "orders", {"n": 2}, id="rolled-back-1")
+KINDS = [
+    *(
+        Kind(opener, "postgres")
+        for opener in (
+            psycopg_tx,
+            psycopg_subclass_tx,
+            psycopg_cursor_tx,
+            sqlalchemy_session_tx,
+            sqlalchemy_connection_tx,
+            scoped_session_tx,
+            asyncpg_tx,
+            asyncpg_pool_tx,
+            psycopg_async_tx,
+            sqlalchemy_async_session_tx,
+            sqlalchemy_async_connection_tx,
+        )
+    ),
+    *(
+        Kind(opener, "sqlite")
+        for opener in (
+            sqlite3_tx,
+            sqlite3_subclass_tx,
+            sqlite3_cursor_tx,
+            sqlalchemy_sqlite_tx,
+            aiosqlite_tx,
+            sqlalchemy_aiosqlite_tx,
+        )
+    ),
+]
+
+
+@dataclasses.dataclass
+class Tx:
+    """The write API on one connection, awaited the same way whatever the kind."""
+
+    conn: Any
+    is_async: bool
+    outbox: outboxer.Outbox
+
+    async def enqueue(self, topic: str, payload: object, **options: Any) -> str:
+        if self.is_async:
+            return await self.outbox.enqueue_async(self.conn, topic, payload, **options)
+        return self.outbox.enqueue(self.conn, topic, payload, **options)
+
+    async def enqueue_many(self, messages: list[dict[str, Any]]) -> list[str]:
+        if self.is_async:
+            return await self.outbox.enqueue_many_async(self.conn, messages)
+        return self.outbox.enqueue_many(self.conn, messages)
+
+
+@dataclasses.dataclass
+class Database:
+    kind: Kind
+    target: str  # URL or SQLite path
+    store: Any
+    outbox: outboxer.Outbox
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        if self.kind.is_async:
+            async with self.kind.open(self.target) as conn:
+                yield Tx(conn, True, self.outbox)
+        else:
+            with self.kind.open(self.target) as conn:
+                yield Tx(conn, False, self.outbox)
+
+    async def rows(self) -> list[dict[str, Any]]:
+        """Every outbox row in write order, as comparable values."""
+        headers = "headers::text" if self.kind.database == "postgres" else "headers"
+        found = await self.store.execute(
+            "SELECT id, topic, key, type, payload, content_type, "
+            f"{headers} AS headers, available_at, created_at FROM {{outbox}} ORDER BY seq"
+        )
+        return [
+            {**dict(r), "payload": bytes(r["payload"]), "headers": json.loads(r["headers"])}
+            for r in found
+        ]
+
+
+@pytest.fixture(params=KINDS, ids=str)
+def database(request: pytest.FixtureRequest) -> Database:
+    kind: Kind = request.param
+    if kind.database == "postgres":
+        store = request.getfixturevalue("pg_store")
+        url = request.getfixturevalue("pg_url")
+        return Database(kind, url, store, outboxer.Outbox(schema=store.names.schema))
+    store = request.getfixturevalue("sqlite_store")
+    return Database(kind, str(request.getfixturevalue("sqlite_path")), store, outboxer.Outbox())
+
+
+# -- enqueue: atomic with the caller's transaction ------------------------------------------------
+
+
+async def test_enqueue_commits_and_rolls_back_with_the_caller(database: Database) -> None:
+    async with database.transaction() as tx:
+        kept = await tx.enqueue("orders", {"n": 1}, key="1")
+    with contextlib.suppress(Rollback):
+        async with database.transaction() as tx:
+            await tx.enqueue("orders", {"n": 2}, id="rolled-back")
             raise Rollback
-    except Rollback:
-        pass
-    conn.close()
-    engine = sa.create_engine(f"sqlite:///{sqlite_path}")
-    with Session(engine) as session, session.begin():
-        kept_sa = outboxer.enqueue(session, "orders", {"n": 3})
-    engine.dispose()
-    async with aiosqlite.connect(sqlite_path) as aconn:
-        kept_aio = await outboxer.enqueue_async(aconn, "orders", {"n": 4})
-        await aconn.commit()
-        await outboxer.enqueue_async(aconn, "orders", {"n": 5}, id="rolled-back-2")
-        await aconn.rollback()
-    assert await pending_ids(sqlite_store) == {kept, kept_sa, kept_aio}
-    assert await delivered_ids(sqlite_store) == {kept, kept_sa, kept_aio}
+    assert await pending_ids(database.store) == {kept}
+    assert await delivered_ids(database.store) == {kept}
+
+
+def test_a_connection_of_no_known_driver_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="does not know"):
+        outboxer.enqueue(object(), "t", {})
+    with pytest.raises(ConfigurationError, match="does not know"):
+        outboxer.enqueue_many(object(), [{"topic": "t", "payload": {}}])
+
+
+# -- enqueue_many ---------------------------------------------------------------------------------
+
+# Text that COPY's text format must escape (tab, newline, backslash) and non-ASCII text.
+SPECS: list[dict[str, Any]] = [
+    {
+        "topic": "orders",
+        "payload": {"n": 1, "é": "ü"},
+        "key": "k\t1",
+        "type": "OrderCreated",
+        "headers": {"h": "v\tw\nx\\y", "ü": "ß"},
+    },
+    {"topic": "orders", "payload": "text\tü\\"},
+    {"topic": "orders\nsub", "payload": b"\x00\xff\\", "key": 7},
+    {"topic": "t2", "payload": [1, 2.5, None], "headers": {}},
+]
+LATER = dt.datetime(2030, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
+
+
+def comparable(row: dict[str, Any]) -> dict[str, Any]:
+    """A row without what differs between two writes of one message (id, clocks)."""
+    available = row["available_at"]
+    return {
+        **{k: v for k, v in row.items() if k not in ("id", "created_at", "available_at")},
+        # the database's now() when not given; the given instant otherwise
+        "available_at": None if available == row["created_at"] else available,
+    }
+
+
+async def test_enqueue_many_writes_what_enqueue_writes_in_order(database: Database) -> None:
+    async with database.transaction() as tx:
+        singles = [
+            await tx.enqueue(**spec) for spec in [*SPECS, {**SPECS[0], "available_at": LATER}]
+        ]
+        many = await tx.enqueue_many(SPECS)  # COPY where the driver has it
+        delayed = await tx.enqueue_many([SPECS[1], {**SPECS[0], "available_at": LATER}])
+    rows = await database.rows()
+    assert [r["id"] for r in rows] == singles + many + delayed  # ids returned in write order
+    by_id = {r["id"]: comparable(r) for r in rows}
+    expected = [by_id[i] for i in singles]
+    assert [by_id[i] for i in many] == expected[:4]
+    assert [by_id[i] for i in delayed] == [expected[1], expected[4]]
+    assert expected[4]["available_at"] in (LATER, LATER.timestamp())
+
+
+async def test_enqueue_many_is_atomic_with_the_caller(database: Database) -> None:
+    with contextlib.suppress(Rollback):
+        async with database.transaction() as tx:
+            # the first statement of the transaction (SQLAlchemy's asyncpg adapter: not begun yet)
+            await tx.enqueue_many([{**spec, "id": f"gone-{n}"} for n, spec in enumerate(SPECS)])
+            raise Rollback
+    async with database.transaction() as tx:
+        kept = await tx.enqueue_many(SPECS[:2])
+        assert await tx.enqueue_many([]) == []
+    assert [r["id"] for r in await database.rows()] == kept
 
 
 # -- payloads and options ----------------------------------------------------------------------
@@ -231,6 +406,11 @@ class OrderPlaced:
 class UserRegistered(pydantic.BaseModel):
     user_id: int
     email: str
+
+
+@pytest.fixture
+def outbox(pg_schema: str) -> outboxer.Outbox:
+    return outboxer.Outbox(schema=pg_schema)
 
 
 @pytest.fixture
@@ -274,25 +454,84 @@ async def test_payload_kinds_and_options_round_trip(
         assert (message.key, message.type, dict(message.headers)) == (str(n), "T", {"n": str(n)})
 
 
-async def test_bad_input_is_refused_before_any_write(
-    pg_store: PostgresStore, asyncpg_conn: asyncpg.Connection, outbox: outboxer.Outbox
-) -> None:
-    bad_calls: list[dict[str, Any]] = [
-        {"topic": "", "payload": {}},
-        {"topic": "t", "payload": object()},
-        {"topic": "t", "payload": {}, "headers": {"n": 1}},
-        {"topic": "t", "payload": {}, "headers": ["not", "a", "mapping"]},
-        {"topic": "t", "payload": {}, "key": 1.5},
-        {"topic": "t", "payload": {}, "available_at": "tomorrow"},
-    ]
-    for call in bad_calls:
-        with pytest.raises(ConfigurationError):
-            await outbox.enqueue_async(asyncpg_conn, **call)
-    with pytest.raises(ConfigurationError, match="asynchronous"):
-        outbox.enqueue(asyncpg_conn, "t", {})
-    with pytest.raises(ConfigurationError, match="does not know"):
-        outboxer.enqueue(object(), "t", {})
-    assert await pending_ids(pg_store) == set()
+def circular() -> dict[str, Any]:
+    payload: dict[str, Any] = {}
+    payload["self"] = payload
+    return payload
+
+
+def deeply_nested(depth: int = 100_000) -> list[Any]:
+    payload: list[Any] = []
+    for _ in range(depth):
+        payload = [payload]
+    return payload
+
+
+# Every value PostgreSQL (or a broker's short string) would refuse, and every type we cannot encode.
+BAD_CALLS: list[dict[str, Any]] = [
+    {"topic": "", "payload": {}},
+    {"topic": 5, "payload": {}},
+    {"topic": "t\x00", "payload": {}},
+    {"topic": "t\ud800", "payload": {}},
+    {"topic": "t" * 256, "payload": {}},
+    {"topic": "t", "payload": object()},
+    {"topic": "t", "payload": float("nan")},
+    {"topic": "t", "payload": {"x": [float("inf")]}},
+    {"topic": "t", "payload": circular()},
+    {"topic": "t", "payload": deeply_nested()},
+    {"topic": "t", "payload": {(1, 2): "tuple key"}},
+    {"topic": "t", "payload": 10**5000},
+    {"topic": "t", "payload": "lone \udfff surrogate"},
+    {"topic": "t", "payload": {}, "key": 1.5},
+    {"topic": "t", "payload": {}, "key": "k\x00"},
+    {"topic": "t", "payload": {}, "key": "\ud83d"},
+    {"topic": "t", "payload": {}, "key": "k" * 256},
+    {"topic": "t", "payload": {}, "key": "é" * 128},  # 256 bytes of UTF-8
+    {"topic": "t", "payload": {}, "key": 10**5000},
+    {"topic": "t", "payload": {}, "type": 3},
+    {"topic": "t", "payload": {}, "type": "T\x00"},
+    {"topic": "t", "payload": {}, "type": "T" * 256},
+    {"topic": "t", "payload": {}, "id": ""},
+    {"topic": "t", "payload": {}, "id": "id\x00"},
+    {"topic": "t", "payload": {}, "id": "i" * 256},
+    {"topic": "t", "payload": {}, "headers": {"n": 1}},
+    {"topic": "t", "payload": {}, "headers": {1: "v"}},
+    {"topic": "t", "payload": {}, "headers": ["not", "a", "mapping"]},
+    {"topic": "t", "payload": {}, "headers": {"h": "v\x00"}},
+    {"topic": "t", "payload": {}, "headers": {"h": "\udc80"}},
+    {"topic": "t", "payload": {}, "headers": {"\ud800": "v"}},
+    {"topic": "t", "payload": {}, "headers": {"h" * 256: "v"}},
+    {"topic": "t", "payload": {}, "available_at": "tomorrow"},
+    {"topic": "t", "payload": {}, "available_at": dt.timedelta(days=999_999_999)},
+]
+GOOD = {"topic": "t", "payload": {"fine": True}}
+BAD_BATCHES: list[list[Any]] = [
+    [GOOD, {"topic": "t"}],
+    [GOOD, {"topic": "t", "payload": {}, "bogus": 1}],
+    [GOOD, ("t", {})],
+    [{**GOOD, "id": "twice"}, {**GOOD, "id": "twice"}],
+    *([GOOD, call] for call in BAD_CALLS),
+]
+
+
+async def test_refused_values_leave_the_transaction_usable(database: Database) -> None:
+    async with database.transaction() as tx:
+        for call in BAD_CALLS:
+            with pytest.raises(OutboxerError):
+                await tx.enqueue(**call)
+        for batch in BAD_BATCHES:
+            with pytest.raises(OutboxerError, match=r"^message 1: "):
+                await tx.enqueue_many(batch)
+        # the wrong twin is refused before any SQL too
+        if tx.is_async:
+            with pytest.raises(ConfigurationError, match="asynchronous"):
+                database.outbox.enqueue(tx.conn, "t", {})
+        else:
+            with pytest.raises(ConfigurationError, match="synchronous"):
+                await database.outbox.enqueue_async(tx.conn, "t", {})
+        # on PostgreSQL, any failed statement would have aborted the transaction
+        kept = [await tx.enqueue(**GOOD), *await tx.enqueue_many([GOOD])]
+    assert [r["id"] for r in await database.rows()] == kept
 
 
 @pytest.mark.parametrize("name", ['outbox"; DROP TABLE users; --', "1abc", "a b", "x" * 64, "ütf"])
@@ -313,3 +552,28 @@ async def test_custom_table_name(pg_url: str, pg_schema: str) -> None:
         finally:
             await conn.close()
         assert (await store.stats()).pending == 1
+
+
+async def test_longest_accepted_names_work_and_many_rows_ring_the_doorbell(pg_url: str) -> None:
+    schema = unique_name("ob")  # dropped below
+    names = TableNames(table="t" * (53 - len(schema)), schema=schema)
+    assert len(names.channel) == 63  # PostgreSQL's limit, reached
+    listener = await asyncpg.connect(pg_url)
+    try:
+        async with PostgresStore(pg_url, names) as store:
+            await store.migrate()
+            rang = asyncio.Event()
+            await listener.add_listener(names.channel, lambda *_: rang.set())
+            conn = await asyncpg.connect(pg_url)
+            try:
+                async with conn.transaction():  # COPY: the statement trigger fires as for INSERT
+                    ids = await outboxer.Outbox(names.table, schema).enqueue_many_async(
+                        conn, [{"topic": "t", "payload": {"n": n}} for n in range(3)]
+                    )
+            finally:
+                await conn.close()
+            await asyncio.wait_for(rang.wait(), timeout=10)
+            assert await delivered_ids(store) == set(ids)
+    finally:
+        await listener.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await listener.close()

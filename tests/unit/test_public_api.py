@@ -37,3 +37,13 @@ def test_errors_share_one_root() -> None:
 
 def test_package_is_typed() -> None:
     assert resources.files("outboxer").joinpath("py.typed").is_file()
+
+
+def test_the_write_api_of_the_contract_is_exported() -> None:
+    # DESIGN's contract: enqueue/enqueue_async, and enqueue_many/enqueue_many_async for bulk
+    write_api = {"Outbox", "enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async"}
+    assert write_api <= set(outboxer.__all__)
+    for name in write_api - {"Outbox"}:
+        assert callable(getattr(outboxer.Outbox, name))
+    assert inspect.iscoroutinefunction(outboxer.enqueue_many_async)
+    assert inspect.iscoroutinefunction(outboxer.Outbox.enqueue_many_async)

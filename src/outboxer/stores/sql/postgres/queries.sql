@@ -1,10 +1,6 @@
 -- Named queries of the PostgreSQL store. "-- name: x" starts query x.
 
--- name: insert
--- The write side, in asyncpg's parameter style; outboxer.outbox re-styles the parameters for
--- psycopg and SQLAlchemy (hence CAST rather than ::, which SQLAlchemy's text() would misread).
-INSERT INTO {outbox} (id, topic, key, type, payload, content_type, headers, available_at)
-VALUES ($1, $2, $3, $4, $5, $6, CAST($7 AS jsonb), COALESCE(CAST($8 AS timestamptz), now()))
+-- The write side's INSERT belongs to its writers (outboxer/writers/), one per driver family.
 
 -- name: claim_unordered
 -- One statement claims a whole batch. SKIP LOCKED lets concurrent relays claim disjoint

@@ -2,9 +2,7 @@
 -- SKIP LOCKED: a claim runs in a BEGIN IMMEDIATE transaction and leased rows are excluded.
 -- Lists are passed as one JSON array parameter and expanded with json_each.
 
--- name: insert
-INSERT INTO {outbox} (id, topic, key, type, payload, content_type, headers, available_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, (julianday('now') - 2440587.5) * 86400.0))
+-- The write side's INSERT belongs to its writers (outboxer/writers/sqlite3.py).
 
 -- name: claim_unordered
 UPDATE {outbox}

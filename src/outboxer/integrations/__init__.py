@@ -1,1 +1,0 @@
-"""Framework integrations (SQLAlchemy, FastAPI, ...); each imports its framework lazily."""

@@ -1,0 +1,191 @@
+"""Writers: one per driver family, each owning the INSERT of outbox rows in its own dialect.
+
+The write core (:mod:`outboxer.outbox`) validates and encodes; a writer only sends rows, on the
+caller's connection and in the caller's transaction, one row (``insert``) or many in one round
+trip or a few (``insert_many``). This package finds the writer of a connection:
+
+- by ``isinstance`` against the classes in :data:`CONNECTIONS`, so subclasses of a driver's
+  connection (and asyncpg's pool proxies, which pass ``isinstance(conn, asyncpg.Connection)``)
+  are recognised. Only drivers already imported are looked at (``sys.modules``): a connection
+  of a driver that was never imported cannot exist, and nothing here imports a driver;
+- after unwrapping the wrappers of :data:`WRAPPERS` (SQLAlchemy's ``scoped_session``);
+- once per connection type: the answer is cached, an ``enqueue`` costs one dict lookup.
+
+A writer module is imported only when a connection of its driver is first seen.
+
+Adding a driver family (e.g. MySQL: PyMySQL, mysqlclient, aiomysql, asyncmy): write
+``writers/<family>.py`` with a :class:`SyncWriter` and/or :class:`AsyncWriter` object (see
+``writers/sqlite3.py`` for the smallest one), add its connection classes to
+:data:`CONNECTIONS`, and a case to ``tests/integration/test_write_api.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from outboxer.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from outboxer.config import TableNames
+    from outboxer.message import Row
+
+__all__ = [
+    "CONNECTIONS",
+    "WRAPPERS",
+    "AsyncWriter",
+    "Known",
+    "SyncWriter",
+    "Writer",
+    "async_writer",
+    "find_writer",
+    "sync_writer",
+    "writer_for",
+]
+
+
+class SyncWriter(Protocol):
+    """Writes rows through a synchronous connection, in its open transaction."""
+
+    is_async: Literal[False]
+
+    def insert(self, conn: Any, names: TableNames, row: Row) -> None:
+        """Insert one row."""
+
+    def insert_many(self, conn: Any, names: TableNames, rows: Sequence[Row]) -> None:
+        """Insert ``rows`` (not empty) in one round trip or a few, in their order."""
+
+    def joins_transaction(self, conn: Any) -> bool:
+        """Whether a statement sent on ``conn`` now runs in the transaction a wrapper (such as
+        SQLAlchemy) has open on it, so that the wrapper may hand ``conn`` to this writer."""
+
+
+class AsyncWriter(Protocol):
+    """Writes rows through an asynchronous connection, in its open transaction."""
+
+    is_async: Literal[True]
+
+    async def insert(self, conn: Any, names: TableNames, row: Row) -> None:
+        """Insert one row."""
+
+    async def insert_many(self, conn: Any, names: TableNames, rows: Sequence[Row]) -> None:
+        """Insert ``rows`` (not empty) in one round trip or a few, in their order."""
+
+    def joins_transaction(self, conn: Any) -> bool:
+        """As :meth:`SyncWriter.joins_transaction`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """A connection class the dispatch knows, and what to do with its instances.
+
+    Attributes:
+        module: The module defining the class; looked at only once it is in ``sys.modules``.
+        name: The class's name in that module.
+        writer: ``"<writer module>:<attribute>"`` of the writer object, e.g.
+            ``"outboxer.writers.psycopg:SYNC"``; empty for a wrapper.
+        unwrap: For a wrapper: returns the object to dispatch on instead.
+    """
+
+    module: str
+    name: str
+    writer: str = ""
+    unwrap: Callable[[Any], Any] | None = None
+
+
+def _call(wrapper: Any) -> Any:
+    return wrapper()
+
+
+# Order matters only where classes are related: a subclass before its base.
+CONNECTIONS: tuple[Known, ...] = (
+    Known("sqlite3", "Connection", "outboxer.writers.sqlite3:SYNC"),
+    Known("sqlite3", "Cursor", "outboxer.writers.sqlite3:SYNC"),
+    Known("aiosqlite", "Connection", "outboxer.writers.aiosqlite:ASYNC"),
+    Known("aiosqlite", "Cursor", "outboxer.writers.aiosqlite:ASYNC"),
+    Known("psycopg", "Connection", "outboxer.writers.psycopg:SYNC"),
+    Known("psycopg", "Cursor", "outboxer.writers.psycopg:SYNC"),
+    Known("psycopg", "AsyncConnection", "outboxer.writers.psycopg:ASYNC"),
+    Known("psycopg", "AsyncCursor", "outboxer.writers.psycopg:ASYNC"),
+    # also asyncpg.pool.PoolConnectionProxy: asyncpg makes it pass isinstance(Connection)
+    Known("asyncpg", "Connection", "outboxer.writers.asyncpg:ASYNC"),
+    Known("sqlalchemy.orm", "Session", "outboxer.writers.sqlalchemy:SYNC"),
+    Known("sqlalchemy.engine", "Connection", "outboxer.writers.sqlalchemy:SYNC"),
+    Known("sqlalchemy.ext.asyncio", "AsyncSession", "outboxer.writers.sqlalchemy:ASYNC"),
+    Known("sqlalchemy.ext.asyncio", "AsyncConnection", "outboxer.writers.sqlalchemy:ASYNC"),
+)
+
+# Objects that stand for a connection: dispatch continues with ``unwrap(obj)``.
+WRAPPERS: tuple[Known, ...] = (
+    # Flask-SQLAlchemy's db.session and many apps' Session registry: the current Session
+    Known("sqlalchemy.orm", "scoped_session", unwrap=_call),
+    Known("sqlalchemy.ext.asyncio", "async_scoped_session", unwrap=_call),
+)
+
+Writer = SyncWriter | AsyncWriter
+# per connection type: its writer, or for a wrapper how to unwrap it
+_cache: dict[type, Writer | Callable[[Any], Any]] = {}
+
+
+def _lookup(conn: Any) -> Writer | Callable[[Any], Any] | None:
+    for known in (*WRAPPERS, *CONNECTIONS):
+        module = sys.modules.get(known.module)
+        cls = getattr(module, known.name, None) if module is not None else None
+        if cls is None or not isinstance(conn, cls):
+            continue
+        if known.unwrap is not None:
+            return known.unwrap
+        module_name, attribute = known.writer.split(":")
+        writer: Writer = getattr(importlib.import_module(module_name), attribute)
+        return writer
+    return None
+
+
+def find_writer(conn: Any) -> tuple[Writer, Any] | None:
+    """The writer of ``conn``'s driver family and the connection to hand it, if any."""
+    for _ in range(4):  # wrappers of wrappers, but never a loop
+        found = _cache.get(type(conn))
+        if found is None:
+            found = _lookup(conn)
+            if found is None:
+                return None
+            _cache[type(conn)] = found
+        if not callable(found):
+            return found, conn
+        conn = found(conn)
+    return None
+
+
+def writer_for(conn: Any) -> tuple[Writer, Any]:
+    """:func:`find_writer`, or ConfigurationError for a connection of no known driver."""
+    found = find_writer(conn)
+    if found is None:
+        raise ConfigurationError(
+            f"enqueue() does not know connections of type {type(conn).__module__}."
+            f"{type(conn).__qualname__}: pass a SQLAlchemy Session/Connection (sync or async), "
+            "a psycopg 3 connection, an asyncpg connection or a sqlite3/aiosqlite connection"
+        )
+    return found
+
+
+def sync_writer(conn: Any) -> tuple[SyncWriter, Any]:
+    """:func:`writer_for` for ``enqueue``: refuses an asynchronous connection."""
+    writer, target = writer_for(conn)
+    if writer.is_async is True:
+        raise ConfigurationError(
+            f"{type(conn).__qualname__} is asynchronous: use 'await enqueue_async(...)'"
+        )
+    return writer, target
+
+
+def async_writer(conn: Any) -> tuple[AsyncWriter, Any]:
+    """:func:`writer_for` for ``enqueue_async``: refuses a synchronous connection."""
+    writer, target = writer_for(conn)
+    if writer.is_async is False:
+        raise ConfigurationError(
+            f"{type(conn).__qualname__} is synchronous: use 'enqueue(...)' (no await)"
+        )
+    return writer, target

@@ -1,0 +1,117 @@
+"""The SQLAlchemy writer: sync ``Session``/``Connection`` and async twins, on PostgreSQL or SQLite.
+
+One row goes through SQLAlchemy (``execute`` of a ``text()`` INSERT), so it joins the session's
+transaction like any statement of the application, flushing the session first and visible to
+its event listeners and logging.
+
+Many rows go to the writer of the driver underneath (psycopg or asyncpg: COPY) when that
+driver's connection is already inside SQLAlchemy's transaction: SQLAlchemy's own
+``executemany`` is 3-4× slower. SQLAlchemy's asyncpg adapter opens its transaction only at its
+first statement, so before that (and for drivers outboxer has no writer for) the rows go through
+SQLAlchemy's ``executemany``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from typing import Any, Literal
+
+from sqlalchemy import Connection, TextClause, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from outboxer.config import TableNames
+from outboxer.errors import ConfigurationError
+from outboxer.message import Row
+from outboxer.writers import find_writer
+from outboxer.writers.sqlite3 import params as sqlite_params
+
+__all__ = ["ASYNC", "SYNC", "AsyncSqlalchemyWriter", "SqlalchemyWriter"]
+
+_VALUES = {
+    # CAST rather than ::, which text() would take for a bind parameter
+    "postgresql": "VALUES (:id, :topic, :key, :type, :payload, :content_type, "
+    "CAST(:headers AS jsonb), COALESCE(CAST(:available_at AS timestamptz), now()))",
+    "sqlite": "VALUES (:id, :topic, :key, :type, :payload, :content_type, :headers, "
+    "COALESCE(:available_at, (julianday('now') - 2440587.5) * 86400.0))",
+}
+
+
+@cache
+def _insert(names: TableNames, dialect: str) -> TextClause:
+    # Building a TextClause parses its bind parameters: once per outbox and dialect.
+    try:
+        values = _VALUES[dialect]
+    except KeyError:
+        raise ConfigurationError(
+            f"outboxer cannot write to {dialect!r} through SQLAlchemy"
+        ) from None
+    return text(f"INSERT INTO {names.qualified()} ({', '.join(Row._fields)}) {values}")
+
+
+def _params(row: Row, dialect: str) -> dict[str, Any]:
+    return dict(zip(Row._fields, sqlite_params(row) if dialect == "sqlite" else row, strict=True))
+
+
+def _dialect(conn: Session | Connection | AsyncSession | AsyncConnection) -> str:
+    bind = conn.get_bind() if isinstance(conn, Session | AsyncSession) else conn
+    return bind.dialect.name
+
+
+class SqlalchemyWriter:
+    """A sync ``Session`` or ``Connection``, in its transaction (begun if not yet)."""
+
+    is_async: Literal[False] = False
+
+    def insert(self, conn: Session | Connection, names: TableNames, row: Row) -> None:
+        dialect = _dialect(conn)
+        conn.execute(_insert(names, dialect), _params(row, dialect))
+
+    def insert_many(
+        self, conn: Session | Connection, names: TableNames, rows: Sequence[Row]
+    ) -> None:
+        connection = conn.connection() if isinstance(conn, Session) else conn
+        found = find_writer(connection.connection.driver_connection)
+        if found is not None:
+            writer, driver = found
+            if writer.is_async is False and writer.joins_transaction(driver):
+                writer.insert_many(driver, names, rows)
+                return
+        dialect = _dialect(connection)
+        connection.execute(_insert(names, dialect), [_params(row, dialect) for row in rows])
+
+    def joins_transaction(self, conn: Any) -> bool:
+        return True  # never wrapped itself
+
+
+class AsyncSqlalchemyWriter:
+    """An ``AsyncSession`` or ``AsyncConnection``, in its transaction (begun if not yet)."""
+
+    is_async: Literal[True] = True
+
+    async def insert(
+        self, conn: AsyncSession | AsyncConnection, names: TableNames, row: Row
+    ) -> None:
+        dialect = _dialect(conn)
+        await conn.execute(_insert(names, dialect), _params(row, dialect))
+
+    async def insert_many(
+        self, conn: AsyncSession | AsyncConnection, names: TableNames, rows: Sequence[Row]
+    ) -> None:
+        connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+        found = find_writer((await connection.get_raw_connection()).driver_connection)
+        if found is not None:
+            writer, driver = found
+            if writer.is_async is True and writer.joins_transaction(driver):
+                await writer.insert_many(driver, names, rows)
+                return
+        dialect = _dialect(connection)
+        await connection.execute(_insert(names, dialect), [_params(row, dialect) for row in rows])
+
+    def joins_transaction(self, conn: Any) -> bool:
+        return True  # never wrapped itself
+
+
+SYNC = SqlalchemyWriter()
+ASYNC = AsyncSqlalchemyWriter()
