@@ -2,16 +2,33 @@
 
 Nothing here reads the environment: the CLI maps ``OUTBOXER_*`` variables and options onto these
 objects, and library users construct them directly.
+
+Each field of a settings class is declared once, with :func:`setting`: its default, a line of
+help, its accepted range and (where it differs from the field name) its command-line name. The
+class's ``__post_init__`` checks every field against that declaration (:func:`check_fields`:
+finite numbers within range), and ``outboxer.cli.options`` generates the command's options,
+``OUTBOXER_*`` variables and ``--help`` from it, so the CLI cannot drift from the library.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
 
 from outboxer.errors import ConfigurationError
 
-__all__ = ["Backoff", "RelaySettings", "TableNames", "validate_identifier"]
+__all__ = [
+    "AdminSettings",
+    "Backoff",
+    "RelaySettings",
+    "Setting",
+    "TableNames",
+    "check_fields",
+    "setting",
+    "validate_identifier",
+]
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 # PostgreSQL's identifier limit (NAMEDATALEN - 1 bytes). A longer name is not refused but
@@ -80,18 +97,120 @@ class TableNames:
         return f"outboxer.{self.schema or 'public'}.{self.table}"
 
 
+#: Field metadata key under which :func:`setting` stores a field's :class:`Setting`.
+SETTING = "outboxer.setting"
+
+#: The longest duration a setting accepts (100 years, in seconds): far beyond any sane
+#: retention, and far inside what a PostgreSQL ``interval`` or a ``timedelta`` can hold, so a
+#: value such as ``1e300`` is refused at start instead of failing in the sweeper later.
+MAX_SECONDS = 100 * 365.25 * 86400
+DAY = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """How one settings field is documented, checked and offered on the command line.
+
+    Attributes:
+        help: One line for ``--help`` and docs/configuration.md.
+        minimum: Smallest accepted number (``None``: no lower bound).
+        maximum: Largest accepted number (``None``: no upper bound; every number must still be
+            finite).
+        above_minimum: ``minimum`` itself is refused (``> minimum`` rather than ``>=``).
+        option: The command-line option when it is not ``--<field-name>`` (for nested settings
+            such as a :class:`Backoff`: the prefix of its options, ``--retry`` →
+            ``--retry-base``).
+        env: The environment variable when it is not ``OUTBOXER_<OPTION>`` (nested: the prefix).
+        negate: A boolean offered as the flag that turns it off (``ordered`` → ``--unordered``).
+        secret: A credential: never shown as a default.
+    """
+
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    above_minimum: bool = False
+    option: str | None = None
+    env: str | None = None
+    negate: bool = False
+    secret: bool = False
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is refused, or ``None``. Only numbers with a declared range are checked
+        here (``None`` means "not set" and is left to the class)."""
+        if value is None or (self.minimum is None and self.maximum is None):
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"must be a number, not {value!r}"
+        if not math.isfinite(value):
+            return f"must be a finite number, not {value}"
+        low_ok = self.minimum is None or (
+            value > self.minimum if self.above_minimum else value >= self.minimum
+        )
+        if low_ok and (self.maximum is None or value <= self.maximum):
+            return None
+        return f"must be {self.range()}, not {value}"
+
+    def range(self) -> str:
+        """The accepted range in words, e.g. ``> 0 and ≤ 3600``."""
+        parts = []
+        if self.minimum is not None:
+            parts.append(f"{'>' if self.above_minimum else '≥'} {_number(self.minimum)}")
+        if self.maximum is not None:
+            parts.append(f"≤ {_number(self.maximum)}")
+        return " and ".join(parts)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def setting(
+    default: Any = MISSING,
+    *,
+    help: str,  # noqa: A002 - the word every CLI library uses for it
+    default_factory: Any = MISSING,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above_minimum: bool = False,
+    option: str | None = None,
+    env: str | None = None,
+    negate: bool = False,
+    secret: bool = False,
+) -> Any:
+    """A dataclass field declared with its :class:`Setting` (see the module docstring)."""
+    meta = Setting(help, minimum, maximum, above_minimum, option, env, negate, secret)
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata={SETTING: meta})
+    return field(default=default, metadata={SETTING: meta})
+
+
+def check_fields(settings: Any, what: str) -> None:
+    """Check every declared field of the dataclass ``settings`` against its :class:`Setting`.
+
+    Raises:
+        ConfigurationError: ``invalid <what> setting <name>=<value>: <why>``.
+    """
+    for f in fields(settings):
+        declared = f.metadata.get(SETTING)
+        value = getattr(settings, f.name)
+        problem = declared.problem(value) if declared is not None else None
+        if problem is not None:
+            raise ConfigurationError(f"invalid {what} setting {f.name}={value!r}: {problem}")
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """Exponential backoff: ``base``, ``base*factor``, ... capped at ``cap`` seconds."""
 
-    base: float = 5.0
-    factor: float = 2.0
-    cap: float = 60.0
+    base: float = setting(5.0, help="first delay (s)", minimum=0, above_minimum=True, maximum=DAY)
+    factor: float = setting(2.0, help="growth per failure", minimum=1, maximum=100)
+    cap: float = setting(60.0, help="longest delay (s)", minimum=0, above_minimum=True, maximum=DAY)
 
     def __post_init__(self) -> None:
-        if self.base <= 0 or self.factor < 1 or self.cap < self.base:
+        check_fields(self, "backoff")
+        if self.cap < self.base:
             raise ConfigurationError(
-                f"invalid backoff base={self.base} factor={self.factor} cap={self.cap}"
+                f"invalid backoff: cap {self.cap:g} s is below base {self.base:g} s"
             )
 
     def delay(self, failures: int) -> float:
@@ -113,8 +232,10 @@ class RelaySettings:
         retry: Per-message retry delays (attempt-based).
         outage: Relay-wide backoff while the broker is unavailable.
         poll_interval: Longest idle wait between claims when no notification arrives.
-        min_poll_interval: First idle wait; doubles up to ``poll_interval``.
-        heartbeat_interval: How often the relay refreshes its registry row and reaps leases.
+        min_poll_interval: First idle wait; doubles up to ``poll_interval`` (and is at most
+            that).
+        heartbeat_interval: How often the relay refreshes its registry row and reaps leases;
+            at most a third of ``lease_seconds``, so a short lease is renewed in time.
         shutdown_timeout: On stop, how long in-flight batches may take before being released.
         sweep_interval: How often one of the relays sweeps (DESIGN: every minute).
         sweep_batch_size: Rows a sweep handles per kind (DESIGN: batches of 50).
@@ -129,39 +250,179 @@ class RelaySettings:
             ``RelayFailed`` (a bug that restarting does not cure must not run on silently).
     """
 
-    batch_size: int = 500
-    max_in_flight_batches: int = 4
-    ordered: bool = True
-    max_attempts: int = 3
-    lease_seconds: float = 30.0
-    retry: Backoff = field(default_factory=lambda: Backoff(base=1.0, factor=2.0, cap=300.0))
-    outage: Backoff = field(default_factory=Backoff)
-    poll_interval: float = 1.0
-    min_poll_interval: float = 0.05
-    heartbeat_interval: float = 5.0
-    shutdown_timeout: float = 30.0
-    sweep_interval: float = 60.0
-    sweep_batch_size: int = 50
-    dead_letter_retention: float = 30 * 86400.0
-    hold_keys_after_dead_letter: bool = False
-    relay_id: str | None = None
-    max_task_restarts: int = 5
+    batch_size: int = setting(
+        500, help="Messages claimed per statement.", minimum=1, maximum=10_000
+    )
+    max_in_flight_batches: int = setting(
+        4,
+        help="Batches published at once (duplicates after a crash ≤ window × batch size).",
+        minimum=1,
+        maximum=64,
+        option="--window",
+    )
+    ordered: bool = setting(
+        True, help="Give up per-key ordering for throughput.", option="--unordered", negate=True
+    )
+    max_attempts: int = setting(
+        3, help="Failed attempts before a message is dead-lettered.", minimum=1, maximum=1000
+    )
+    lease_seconds: float = setting(
+        30.0,
+        help="How long a claim is owned before another relay may take it over (s).",
+        minimum=0,
+        above_minimum=True,
+        maximum=3600,
+    )
+    retry: Backoff = setting(
+        default_factory=lambda: Backoff(base=1.0, factor=2.0, cap=300.0),
+        help="Per-message retry delay, by attempts",
+    )
+    outage: Backoff = setting(
+        default_factory=Backoff, help="Relay-wide pause while the broker is down, by failed rounds"
+    )
+    poll_interval: float = setting(
+        1.0,
+        help="Longest idle wait between claims without a notification (s).",
+        minimum=0,
+        above_minimum=True,
+        maximum=60,
+    )
+    min_poll_interval: float = setting(
+        0.05,
+        help="First idle wait, doubling up to --poll-interval (s).",
+        minimum=0,
+        above_minimum=True,
+        maximum=60,
+    )
+    heartbeat_interval: float = setting(
+        5.0,
+        help="How often the relay refreshes its registry row and reaps expired leases (s); "
+        "at most a third of the lease.",
+        minimum=0,
+        above_minimum=True,
+        maximum=3600,
+    )
+    shutdown_timeout: float = setting(
+        30.0,
+        help="On SIGTERM/SIGINT, how long in-flight batches may finish (s).",
+        minimum=0,
+        maximum=3600,
+    )
+    sweep_interval: float = setting(
+        60.0,
+        help="How often one relay of all runs the sweep (s).",
+        minimum=0,
+        above_minimum=True,
+        maximum=DAY,
+    )
+    sweep_batch_size: int = setting(
+        50, help="Rows a sweep handles per kind.", minimum=1, maximum=10_000
+    )
+    dead_letter_retention: float = setting(
+        30 * DAY,
+        help="Seconds dead letters are kept before the sweeper purges them; 0 keeps them.",
+        minimum=0,
+        maximum=MAX_SECONDS,
+    )
+    hold_keys_after_dead_letter: bool = setting(
+        False,
+        help="Ordered mode: keep a key's later messages back while its dead letter is unresolved.",
+    )
+    relay_id: str | None = setting(None, help="Instance name (default host:pid:random).")
+    max_task_restarts: int = setting(
+        5,
+        help="Deaths in a row of a background task (heartbeat, sweeper) before the relay stops.",
+        minimum=0,
+        maximum=1000,
+    )
 
     def __post_init__(self) -> None:
-        checks = {
-            "batch_size": self.batch_size >= 1,
-            "max_in_flight_batches": self.max_in_flight_batches >= 1,
-            "max_attempts": self.max_attempts >= 1,
-            "lease_seconds": self.lease_seconds > 0,
-            "poll_interval": self.poll_interval > 0,
-            "min_poll_interval": 0 < self.min_poll_interval <= self.poll_interval,
-            "heartbeat_interval": 0 < self.heartbeat_interval < self.lease_seconds,
-            "shutdown_timeout": self.shutdown_timeout >= 0,
-            "sweep_interval": self.sweep_interval > 0,
-            "sweep_batch_size": self.sweep_batch_size >= 1,
-            "dead_letter_retention": self.dead_letter_retention >= 0,
-            "max_task_restarts": self.max_task_restarts >= 0,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise ConfigurationError(f"invalid relay setting {name}={getattr(self, name)!r}")
+        check_fields(self, "relay")
+        # Derived, not refused: the first idle wait never exceeds the longest, and the heartbeat
+        # renews and reaps well within a lease (a lease of 3 s beats every second).
+        object.__setattr__(
+            self, "min_poll_interval", min(self.min_poll_interval, self.poll_interval)
+        )
+        object.__setattr__(
+            self, "heartbeat_interval", min(self.heartbeat_interval, self.lease_seconds / 3)
+        )
+
+
+#: Largest admin request body (a bulk body of 1000 ids of 1000 characters fits).
+MAX_BODY_BYTES = 1024 * 1024
+#: Longest time the admin server waits for a request body (s).
+BODY_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdminSettings:
+    """How the admin app authorizes, whom it answers and how it judges readiness.
+
+    Attributes:
+        token: Bearer token required on every ``/api/`` request; ``None`` (or empty) leaves
+            reads open and refuses replay/delete.
+        ready_max_age: ``/readyz`` fails when the oldest outbox message is older (seconds).
+        ready_min_relays: ``/readyz`` fails with fewer live relays (0 disables the check, for
+            deployments where relays are watched elsewhere).
+        stats_timeout: Longest wait for the database in ``/readyz`` and ``/metrics`` (seconds).
+        allowed_hosts: Host names requests may be addressed to, besides IP literals (see
+            :class:`~outboxer.admin.guards.HostCheck`); ``"*"`` accepts any.
+        max_body_bytes: Largest request body accepted (413 above).
+        body_timeout: Longest time to receive a request body (408 after), in seconds.
+    """
+
+    token: str | None = setting(
+        None,
+        help="Bearer token required on /api/; without it reads are open and replay/delete refused.",
+        option="--admin-token",
+        secret=True,
+    )
+    ready_max_age: float = setting(
+        300.0,
+        help="/readyz fails when the oldest pending message is older (s).",
+        minimum=0,
+        above_minimum=True,
+        maximum=MAX_SECONDS,
+    )
+    ready_min_relays: int = setting(
+        1, help="/readyz fails with fewer live relays (0: do not check).", minimum=0, maximum=10_000
+    )
+    stats_timeout: float = setting(
+        5.0,
+        help="Longest wait for the database in /readyz and /metrics (s).",
+        minimum=0,
+        above_minimum=True,
+        maximum=3600,
+    )
+    allowed_hosts: frozenset[str] = setting(
+        frozenset(),
+        help="A name the server is reached by, besides this machine's names and IP addresses "
+        "(requests to other Host names are refused against DNS rebinding); repeatable; "
+        "'.example.com' for a domain, '*' for any.",
+        option="--allowed-host",
+        env="OUTBOXER_ALLOWED_HOSTS",
+    )
+    max_body_bytes: int = setting(
+        MAX_BODY_BYTES,
+        help="Largest request body accepted (413 above).",
+        minimum=0,
+        maximum=1024**3,
+    )
+    body_timeout: float = setting(
+        BODY_TIMEOUT,
+        help="Longest time to receive a request body (408 after), in seconds.",
+        minimum=0,
+        above_minimum=True,
+        maximum=3600,
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self, "admin")
+        # Refused rather than stripped: a token is a secret copied between systems, and the
+        # client that holds it presumably has the same stray character, so stripping it here
+        # would only move the mismatch. HTTP itself trims header values, so it could never match.
+        if self.token is not None and self.token != self.token.strip():
+            raise ConfigurationError(
+                "the admin token starts or ends with whitespace, which no request can send "
+                "(HTTP trims header values): remove it"
+            )

@@ -16,6 +16,7 @@ from outboxer.stores import _sql
 from tests.acceptance.conftest import Cli, assert_one_line_error, lines
 
 INPROCESS = "inprocess://tests.acceptance.handlers:registry"
+RELAY = ["--database-url", "sqlite:///UPGRADED", "--broker", INPROCESS]
 
 
 def wait_until(predicate, timeout: float = 60, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
@@ -245,8 +246,24 @@ def test_purge_asks_before_deleting(cli: Cli, sqlite_url: str) -> None:
             ["invalid cursor"],
         ),
         (["dlq", "replay", "--database-url", "sqlite:///UPGRADED", "nope"], 1, ["no dead letter"]),
+        # Numbers that would break the relay later are refused at start (issue 9).
+        (["relay", *RELAY, "--retry-cap", "nan"], 2, ["--retry-cap", "finite"]),
+        (["relay", *RELAY, "--retry-base", "nan"], 2, ["--retry-base", "finite"]),
+        (["relay", *RELAY, "--dead-letter-retention", "1e300"], 2, ["--dead-letter-retention"]),
+        (["relay", *RELAY, "--dead-letter-retention", "inf"], 2, ["--dead-letter-retention"]),
+        (["relay", *RELAY, "--retry-base", "600"], 2, ["--retry-cap", "below base"]),
+        (["serve", "--database-url", "sqlite:///UPGRADED", "--ready-max-age", "nan"], 2,
+         ["--ready-max-age", "finite"]),
+        # Database URLs a driver cannot read: one line, exit 2, no piece of the password.
+        (["stats", "--database-url", "postgresql://u:secret@127.0.0.1:abc/db"], 2, ["abc"]),
+        (["stats", "--database-url", "postgresql://u:secret@127.0.0.1:99999/db"], 2, ["port"]),
+        (["stats", "--database-url", "postgresql://u:secret@[::1/db"], 2, ["IPv6"]),
+        (["stats", "--database-url", "postgresql://u:hunter2/secret@127.0.0.1/db"], 2,
+         ["invalid database URL", "percent-encode"]),
+        (["db", "upgrade", "--database-url", "postgresql://u:hunter2/secret@127.0.0.1/db"], 2,
+         ["invalid database URL"]),
     ],
-)
+)  # fmt: skip
 def test_bad_input_is_one_line_and_changes_nothing(
     cli: Cli, tmp_path: Path, args: list[str], code: int, words: list[str]
 ) -> None:
@@ -261,7 +278,7 @@ def test_bad_input_is_one_line_and_changes_nothing(
     ]
     result = cli(*args)
     assert_one_line_error(result, code, *words)
-    assert "secret" not in result.stderr
+    assert "secret" not in result.stderr and "hunter2" not in result.stderr
     assert (tmp_path / "upgraded.db").read_bytes() == before
 
 
@@ -273,3 +290,48 @@ def test_demo_tells_the_whole_story(cli: Cli) -> None:
     assert "never sent (1)" in out and "rolled back" in out
     assert "dead-lettered (1)" in out and "after 3 attempts" in out
     assert "welcome e-mail sent to bob@example.com" in out
+
+
+async def test_dlq_list_and_show_escape_terminal_control_sequences(
+    cli: Cli, sqlite_url: str
+) -> None:
+    """Topic, key, type, id and reason come from producers and errors: printed raw, an escape
+    sequence would recolour, clear or retitle the operator's terminal."""
+    from outboxer.config import TableNames
+    from outboxer.message import Message
+    from outboxer.ports import ConsumeFailure
+    from outboxer.stores.sqlite import SqliteStore
+
+    db = ["--database-url", sqlite_url]
+    assert cli("db", "upgrade", *db).returncode == 0
+    hostile = Message(
+        id="evil\x1b]0;owned\x07",
+        topic="orders\x1b[31m",
+        payload=b"{}",
+        key="k\x1b[2J",
+        type="T\r",
+    )
+
+    async def failing(message: Message, connection: object, attempt: int) -> None:
+        raise RuntimeError("no")
+
+    def give_up(message: Message, attempts: int, error: Exception) -> ConsumeFailure:
+        return ConsumeFailure("boom\x1b[0m\u202e", None)
+
+    async with SqliteStore(sqlite_url, TableNames()) as store:
+        outcomes = await store.consume(
+            "mailer", [hostile], failing, on_failure=give_up, retention_seconds=60
+        )
+    assert outcomes == ["dead"]
+
+    listed = cli("dlq", "list", *db)
+    shown = cli("dlq", "show", *db, hostile.id)
+    for result in (listed, shown):
+        assert result.returncode == 0, result.stderr
+        assert "\x1b" not in result.stdout and "\x07" not in result.stdout
+        assert "\u202e" not in result.stdout and "\r" not in result.stdout
+        assert "orders\\x1b[31m" in result.stdout
+    assert "evil\\x1b]0;owned\\x07" in shown.stdout and "k\\x1b[2J" in shown.stdout
+    assert "boom\\x1b[0m\\u202e" in shown.stdout and "T\\r" in shown.stdout
+    as_json = json.loads(cli("dlq", "show", *db, hostile.id, "--json").stdout)
+    assert as_json["topic"] == hostile.topic  # JSON keeps the exact text (escaped by JSON)

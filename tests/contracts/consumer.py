@@ -33,6 +33,7 @@ from outboxer.inbox import Inbox, InboxSettings, run_consumer
 from outboxer.message import Message
 from outboxer.ports import DeadLetterFilter
 from outboxer.stores.postgres import PostgresStore
+from tests.acceptance.conftest import PYTHONPATH
 from tests.conftest import unique_name
 from tests.integration import consumer_handlers
 
@@ -78,7 +79,7 @@ class Consumer:
 
     def __init__(self, args: list[str], log: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
-        env["PYTHONPATH"] = str(ROOT)
+        env["PYTHONPATH"] = PYTHONPATH
         self.log = log
         with log.open("ab") as sink:
             self.process = subprocess.Popen(

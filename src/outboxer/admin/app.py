@@ -20,9 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from importlib import resources
 from typing import Annotated, Any
 
@@ -55,7 +53,7 @@ from outboxer.admin.models import (
     StatsOut,
     checked_text,
 )
-from outboxer.config import TableNames
+from outboxer.config import BODY_TIMEOUT, MAX_BODY_BYTES, AdminSettings, TableNames
 from outboxer.errors import (
     ConfigurationError,
     NotFound,
@@ -82,53 +80,7 @@ NO_TOKEN_WARNING = (
     "NO ADMIN TOKEN IS SET: the admin API is open to read by anyone who can reach it, and "
     f"replay/delete are disabled. Set {TOKEN_ENV} (or --admin-token) to protect it."
 )
-MAX_BODY_BYTES = 1024 * 1024  # a bulk body of 1000 ids of 1000 characters fits
-BODY_TIMEOUT = 10.0
 _STATIC = resources.files("outboxer.admin") / "static"
-
-
-@dataclass(frozen=True, slots=True)
-class AdminSettings:
-    """How the admin app authorizes, whom it answers and how it judges readiness.
-
-    Attributes:
-        token: Bearer token required on every ``/api/`` request; ``None`` (or empty) leaves
-            reads open and refuses replay/delete.
-        ready_max_age: ``/readyz`` fails when the oldest outbox message is older (seconds).
-        ready_min_relays: ``/readyz`` fails with fewer live relays (0 disables the check, for
-            deployments where relays are watched elsewhere).
-        stats_timeout: Longest wait for the database in ``/readyz`` and ``/metrics`` (seconds).
-        allowed_hosts: Host names requests may be addressed to, besides IP literals (see
-            :class:`~outboxer.admin.guards.HostCheck`); ``"*"`` accepts any.
-        max_body_bytes: Largest request body accepted (413 above).
-        body_timeout: Longest time to receive a request body (408 after), in seconds.
-    """
-
-    token: str | None = None
-    ready_max_age: float = 300.0
-    ready_min_relays: int = 1
-    stats_timeout: float = 5.0
-    allowed_hosts: frozenset[str] = frozenset()
-    max_body_bytes: int = MAX_BODY_BYTES
-    body_timeout: float = BODY_TIMEOUT
-
-    def __post_init__(self) -> None:
-        for name in ("ready_max_age", "stats_timeout", "body_timeout"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value <= 0:
-                raise ConfigurationError(f"{name} must be a positive number, not {value}")
-        if self.ready_min_relays < 0:
-            raise ConfigurationError(f"ready_min_relays must be ≥ 0, not {self.ready_min_relays}")
-        if self.max_body_bytes < 0:
-            raise ConfigurationError(f"max_body_bytes must be ≥ 0, not {self.max_body_bytes}")
-        # Refused rather than stripped: a token is a secret copied between systems, and the
-        # client that holds it presumably has the same stray character, so stripping it here
-        # would only move the mismatch. HTTP itself trims header values, so it could never match.
-        if self.token is not None and self.token != self.token.strip():
-            raise ConfigurationError(
-                "the admin token starts or ends with whitespace, which no request can send "
-                "(HTTP trims header values): remove it"
-            )
 
 
 # Declared for the OpenAPI schema (its securitySchemes); BearerAuth enforces it.

@@ -15,7 +15,7 @@ import sys
 
 import click
 
-from outboxer.cli._common import EXIT_FAILURE, EXIT_USAGE, fail
+from outboxer.cli._common import errors_as_one_line
 from outboxer.cli.consume import consume
 from outboxer.cli.db import db
 from outboxer.cli.demo import demo
@@ -60,18 +60,8 @@ for command in (db, relay, stats, dlq, demo, consume, serve):
 
 
 def run() -> None:
-    """Console entry point: usage errors become one line too (click prints three)."""
-    try:
+    """Console entry point: every failure, usage errors included (click prints three lines),
+    becomes one line and the exit code docs/operations.md gives."""
+    with errors_as_one_line():
         code = main.main(standalone_mode=False)
-    except click.UsageError as exc:
-        where = exc.ctx.command_path if exc.ctx else "outboxer"
-        fail(f"{exc.format_message()} (see '{where} --help')", EXIT_USAGE)
-    except click.Abort:
-        fail("aborted", EXIT_FAILURE)
-    except click.ClickException as exc:
-        fail(exc.format_message(), exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    run()

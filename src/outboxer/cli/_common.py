@@ -1,50 +1,89 @@
-"""What every command shares: one readable error line with its documented exit code, and the
-store a command opens (docs/operations.md, "Errors and exit codes")."""
+"""What every command shares: one readable, redacted error line with its documented exit code
+(docs/operations.md, "Errors and exit codes"), and the store a command opens."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import re
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, NoReturn, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import NoReturn, TypeVar
 
 import click
 
 from outboxer.config import TableNames
-from outboxer.errors import ConfigurationError, NotFound, OutboxerError
+from outboxer.errors import ConfigurationError, OutboxerError
 from outboxer.ports import AdminStore, DatabaseStore
+from outboxer.urls import redact
 
 T = TypeVar("T")
 
-EXIT_USAGE = 2
-EXIT_FAILURE = 1
+EXIT_USAGE = 2  # invalid usage or configuration: bad URL, name or option
+EXIT_FAILURE = 1  # a runtime failure: database unreachable, schema missing, unknown dead letter
+EXIT_INTERRUPTED = 130
+
+log = logging.getLogger("outboxer.cli")
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (control and escape sequences,
+    bidirectional overrides, lone surrogates) written as a Python escape (``\x1b``), so text
+    that came from a message or an error cannot move the cursor, recolour or rewrite the
+    operator's screen."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
-    click.echo(f"outboxer: error: {message}", err=True)
+    """Print ``outboxer: error: <message>`` on one line, passwords masked, and exit."""
+    line = printable(" ".join(redact(message).split())) or "unknown error"
+    click.echo(f"outboxer: error: {line}", err=True)
     sys.exit(code)
 
 
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a command's coroutine, turning outboxer errors into one line and an exit code."""
+@contextlib.contextmanager
+def errors_as_one_line() -> Iterator[None]:
+    """Whatever a command raises ends as one line and an exit code, never a traceback.
+
+    An exception outboxer did not expect (a driver's, a bug) is exit 1 with its type and
+    message; its traceback is logged at DEBUG (``--log-level DEBUG``), redacted like every log
+    line.
+    """
     try:
-        return asyncio.run(coro)
+        yield
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "outboxer"
+        fail(f"{exc.format_message()} (see '{where} --help')", EXIT_USAGE)
+    except click.Abort:
+        fail("aborted")
+    except click.ClickException as exc:
+        fail(exc.format_message(), exc.exit_code)
     except ConfigurationError as exc:
         fail(str(exc), EXIT_USAGE)
-    except NotFound as exc:
-        fail(str(exc))
     except OutboxerError as exc:
         fail(str(exc))
     except KeyboardInterrupt:
-        fail("interrupted", 130)
+        fail("interrupted", EXIT_INTERRUPTED)
+    except Exception as exc:
+        log.debug("unexpected error", exc_info=True)
+        fail(f"unexpected {type(exc).__name__}: {exc}")
 
 
-def table_names(schema: str | None, table: str) -> TableNames:
-    try:
-        return TableNames(table=table, schema=schema)
-    except ConfigurationError as exc:
-        fail(str(exc), EXIT_USAGE)
+def _unreadable_url(url: str, exc: Exception) -> ConfigurationError:
+    """A driver's ``ValueError`` about the URL (bad port, broken IPv6 address, a ``/`` in the
+    password) as a configuration error. The driver quotes what it could not read, which may
+    be a piece of the password: quoted pieces of the URL's user information are masked."""
+    userinfo = url.partition("://")[2].rpartition("@")[0]
+    reason = re.sub(
+        r"'([^']*)'",
+        lambda m: "'***'" if userinfo and m.group(1) and m.group(1) in userinfo else m.group(0),
+        str(exc),
+    )
+    hint = " (percent-encode '/', '@' and ':' in a user name or password)" if userinfo else ""
+    return ConfigurationError(f"invalid database URL {redact(url)}: {reason}{hint}")
 
 
 @contextlib.asynccontextmanager
@@ -53,8 +92,14 @@ async def open_store(
 ) -> AsyncIterator[DatabaseStore]:
     from outboxer.stores import store_from_url
 
-    store = store_from_url(url, names)
-    async with store:
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            store = store_from_url(url, names)
+            await stack.enter_async_context(store)
+        except ConfigurationError:
+            raise
+        except (ValueError, OverflowError) as exc:
+            raise _unreadable_url(url, exc) from exc
         if check:
             await store.check_schema()
         yield store
@@ -65,4 +110,4 @@ def with_store(action: Callable[[AdminStore], Awaitable[T]], url: str, names: Ta
         async with open_store(url, names) as store:
             return await action(store)
 
-    return run_async(main())
+    return asyncio.run(main())

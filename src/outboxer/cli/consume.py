@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from outboxer.cli._common import EXIT_USAGE, fail, run_async, table_names
-from outboxer.cli.options import database_options, env_option
-from outboxer.config import Backoff, TableNames
-from outboxer.errors import ConfigurationError
+from outboxer.cli._common import EXIT_USAGE, fail
+from outboxer.cli.options import build_settings, database_options, env_option, settings_options
+from outboxer.config import TableNames
+from outboxer.inbox import HandlerRegistry, InboxSettings, load_registry
 
 if TYPE_CHECKING:
-    from outboxer.inbox import HandlerRegistry, InboxSettings
     from outboxer.ports import DatabaseStore
 
 
@@ -38,12 +38,6 @@ def _default_consumer_name(handlers: str) -> str:
     required=True,
     help="The HandlerRegistry to run, as package.module:attribute.",
 )
-@env_option(
-    "--consumer-name",
-    default=None,
-    help="Inbox name; also the Kafka group, RabbitMQ queue, NATS durable prefix and Redis "
-    "group. Default: the handlers module.",
-)
 @click.option(
     "--topic",
     "topics",
@@ -62,70 +56,7 @@ def _default_consumer_name(handlers: str) -> str:
     type=click.IntRange(1, 10_000),
     help="Messages fetched, stored and acknowledged together.",
 )
-@click.option(
-    "--concurrency",
-    envvar="OUTBOXER_CONSUME_CONCURRENCY",
-    show_envvar=True,
-    default=8,
-    show_default=True,
-    type=click.IntRange(1, 256),
-    help="Messages of different keys handled at once (one key: one at a time, in order).",
-)
-@env_option(
-    "--batch-transactions",
-    is_flag=True,
-    help="One inbox transaction per batch chunk instead of per message: 2-3x the throughput, "
-    "but a crash repeats the external side effects of the whole chunk (see docs/inbox.md).",
-)
-@click.option(
-    "--max-attempts",
-    envvar="OUTBOXER_CONSUME_MAX_ATTEMPTS",
-    show_envvar=True,
-    default=5,
-    show_default=True,
-    type=click.IntRange(1, 1000),
-    help="Failed attempts after which a message becomes a consume dead letter.",
-)
-@click.option(
-    "--retry-base",
-    envvar="OUTBOXER_CONSUME_RETRY_BASE",
-    show_envvar=True,
-    default=1.0,
-    show_default=True,
-    type=click.FloatRange(0.001, 3600),
-    help="First retry delay of a failed consumption (s); doubles per attempt.",
-)
-@click.option(
-    "--retry-cap",
-    envvar="OUTBOXER_CONSUME_RETRY_CAP",
-    show_envvar=True,
-    default=300.0,
-    show_default=True,
-    type=click.FloatRange(0.001, 86400),
-)
-@click.option(
-    "--retry-interval",
-    envvar="OUTBOXER_CONSUME_RETRY_INTERVAL",
-    show_envvar=True,
-    default=1.0,
-    show_default=True,
-    type=click.FloatRange(0.01, 3600),
-    help="How often due failed consumptions are re-driven (s).",
-)
-@env_option(
-    "--inbox-retention",
-    default=7 * 86400.0,
-    show_default=True,
-    type=click.FloatRange(1, None),
-    help="Seconds an inbox row is kept; must exceed the broker's redelivery horizon.",
-)
-@env_option(
-    "--sweep-interval",
-    default=60.0,
-    show_default=True,
-    type=click.FloatRange(0, 86400),
-    help="How often this consumer offers to run the shared sweep (s); 0: leave it to others.",
-)
+@settings_options(InboxSettings)
 @env_option(
     "--shutdown-timeout",
     default=30.0,
@@ -146,46 +77,24 @@ def consume(
     table: str,
     broker: str,
     handlers: str,
-    consumer_name: str | None,
     topics: tuple[str, ...],
     batch_size: int,
-    concurrency: int,
-    batch_transactions: bool,
-    max_attempts: int,
-    retry_base: float,
-    retry_cap: float,
-    retry_interval: float,
-    inbox_retention: float,
-    sweep_interval: float,
     shutdown_timeout: float,
     app_dir: str,
+    **values: Any,
 ) -> None:
     """Run handlers for the messages of a broker, exactly once in effect (the inbox), until
     SIGTERM/SIGINT."""
-    import os
-
-    from outboxer.inbox import InboxSettings, load_registry
-
-    names = table_names(schema, table)
+    names = TableNames(table=table, schema=schema)
     sys.path.insert(0, os.path.abspath(app_dir))
-    try:
-        registry = load_registry(handlers)
-        settings = InboxSettings(
-            consumer=consumer_name or _default_consumer_name(handlers),
-            max_attempts=max_attempts,
-            retry=Backoff(base=retry_base, cap=max(retry_cap, retry_base)),
-            retention=inbox_retention,
-            concurrency=concurrency,
-            batch_transactions=batch_transactions,
-            redrive_interval=retry_interval,
-            sweep_interval=sweep_interval,
-        )
-    except ConfigurationError as exc:
-        fail(str(exc), EXIT_USAGE)
+    settings = build_settings(
+        InboxSettings, values, consumer=values["consumer"] or _default_consumer_name(handlers)
+    )
+    registry = load_registry(handlers)
     chosen = [t for entry in topics for t in entry.split()] or registry.topics
     if not chosen:
         fail("give the topics to consume with --topic (the handlers register none)", EXIT_USAGE)
-    run_async(
+    asyncio.run(
         _consume(
             database_url, names, broker, registry, settings, chosen, batch_size, shutdown_timeout
         )

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import click
-
-from outboxer.cli._common import run_async
 
 
 @click.command()
@@ -22,4 +21,4 @@ def demo(database: str | None) -> None:
     from outboxer import demo as demo_module
 
     logging.getLogger("outboxer").setLevel(logging.ERROR)  # the demo narrates itself
-    run_async(demo_module.run(database))
+    asyncio.run(demo_module.run(database))

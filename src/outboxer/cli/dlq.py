@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from outboxer.cli._common import EXIT_USAGE, fail, table_names, with_store
-from outboxer.cli.options import F, database_options, json_option
+from outboxer.cli._common import EXIT_USAGE, fail, printable, with_store
+from outboxer.cli.options import database_options, json_option, stack
 from outboxer.config import TableNames
 from outboxer.errors import OutboxerError
 from outboxer.ports import AdminStore, DeadLetter, DeadLetterFilter
@@ -21,28 +21,26 @@ def dlq() -> None:
     """Inspect, replay and purge dead letters."""
 
 
-def filter_options(function: F) -> F:
-    for option in reversed(
-        [
-            click.option("--topic", default=None, help="Only this topic."),
-            click.option("--type", "type_", default=None, help="Only this message type."),
-            click.option("--key", default=None, help="Only this key."),
-        ]
-    ):
-        function = option(function)
-    return function
+filter_options = stack(
+    click.option("--topic", default=None, help="Only this topic."),
+    click.option("--type", "type_", default=None, help="Only this message type."),
+    click.option("--key", default=None, help="Only this key."),
+)
 
 
 def _short(text: str, width: int) -> str:
+    text = printable(text)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _print_dead_letters(items: list[DeadLetter]) -> None:
+    """The human table. Every text came from a message or an error, so it is escaped: a topic
+    holding ``\x1b[2J`` must not clear the operator's terminal."""
     header = f"{'ID':36}  {'TOPIC':16} {'TYPE':18} {'KEY':12} {'ATT':>3}  REASON"
     click.echo(header)
     for d in items:
         click.echo(
-            f"{d.id:36}  {_short(d.topic, 16):16} {_short(d.type or '-', 18):18} "
+            f"{printable(d.id):36}  {_short(d.topic, 16):16} {_short(d.type or '-', 18):18} "
             f"{_short(d.key or '-', 12):12} {d.attempts:>3}  {_short(d.failure_reason, 60)}"
         )
 
@@ -70,7 +68,7 @@ def dlq_list(
     async def read(store: AdminStore) -> Any:
         return await store.list_dead_letters(flt, limit=limit, cursor=cursor)
 
-    page = with_store(read, database_url, table_names(schema, table))
+    page = with_store(read, database_url, TableNames(table=table, schema=schema))
     if as_json:
         body = {"items": [d.to_json() for d in page.items], "next_cursor": page.next_cursor}
         click.echo(json.dumps(body, indent=2))
@@ -92,12 +90,13 @@ def dlq_show(
     async def read(store: AdminStore) -> DeadLetter:
         return await store.get_dead_letter(dead_letter_id)
 
-    body = with_store(read, database_url, table_names(schema, table)).to_json()
+    body = with_store(read, database_url, TableNames(table=table, schema=schema)).to_json()
     if as_json:
         click.echo(json.dumps(body, indent=2))
         return
     for name, value in body.items():
-        shown = json.dumps(value) if isinstance(value, dict | list) else value
+        # JSON escapes control characters itself; plain text is escaped here.
+        shown = json.dumps(value) if isinstance(value, dict | list) else printable(str(value))
         click.echo(f"{name:17} {shown}")
 
 
@@ -141,7 +140,7 @@ def _bulk(
     else:
         click.echo(f"{verb} {len(done)} dead letter(s)")
         for i in done:
-            click.echo(f"  {i}")
+            click.echo(f"  {printable(i)}")
     if skipped:
         fail(
             f"not replayed: {', '.join(sorted(skipped))}: a message with the same id is in the "
@@ -217,7 +216,7 @@ def dlq_replay(
 ) -> None:
     """Move dead letters back to the outbox (same id, attempts reset)."""
     flt = _bulk_filter(ids, all_, topic, type_, key)
-    names = table_names(schema, table)
+    names = TableNames(table=table, schema=schema)
     _bulk("replayed", lambda s, f: s.replay_dead_letters(f), database_url, names, flt, as_json)
 
 
@@ -244,5 +243,5 @@ def dlq_purge(
     flt = _bulk_filter(ids, all_, topic, type_, key)
     if not yes and not click.confirm("Delete the matching dead letters for good?", err=True):
         fail("nothing deleted")
-    names = table_names(schema, table)
+    names = TableNames(table=table, schema=schema)
     _bulk("purged", lambda s, f: s.purge_dead_letters(f), database_url, names, flt, as_json)

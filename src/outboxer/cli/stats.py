@@ -7,8 +7,9 @@ from typing import Any
 
 import click
 
-from outboxer.cli._common import table_names, with_store
+from outboxer.cli._common import with_store
 from outboxer.cli.options import database_options, json_option
+from outboxer.config import TableNames
 from outboxer.ports import AdminStore
 
 
@@ -22,7 +23,7 @@ def stats(database_url: str, schema: str | None, table: str, as_json: bool) -> N
         result: dict[str, Any] = (await store.stats()).to_json()
         return result
 
-    figures = with_store(read, database_url, table_names(schema, table))
+    figures = with_store(read, database_url, TableNames(table=table, schema=schema))
     if as_json:
         click.echo(json.dumps(figures, indent=2))
         return

@@ -36,7 +36,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from outboxer.config import Backoff
+from outboxer.config import (
+    DAY,
+    MAX_SECONDS,
+    SETTING,
+    Backoff,
+    Setting,
+    check_fields,
+    setting,
+)
 from outboxer.errors import ConfigurationError, OutboxerError, PermanentPublishError, StoreError
 from outboxer.inbox.registry import HandlerContext, HandlerRegistry, PermanentHandlerError
 from outboxer.message import Message
@@ -104,34 +112,89 @@ class InboxSettings:
         dead_letter_retention: Dead letters older than this are purged by the sweep; 0 keeps.
     """
 
-    consumer: str
-    max_attempts: int = 5
-    retry: Backoff = field(default_factory=lambda: Backoff(base=1.0, factor=2.0, cap=300.0))
-    retention: float = 7 * 86400.0
-    concurrency: int = 8
-    redrive_interval: float = 1.0
-    redrive_batch_size: int = 50
-    outage: Backoff = field(default_factory=Backoff)
-    batch_transactions: bool = False
-    sweep_interval: float = 60.0
-    sweep_batch_size: int = 50
-    dead_letter_retention: float = 30 * 86400.0
+    consumer: str = field(  # required: field(), not setting(), so type checkers know
+        metadata={
+            SETTING: Setting(
+                "Inbox name; also the Kafka group, RabbitMQ queue, NATS durable prefix and "
+                "Redis group. Default: the handlers module.",
+                option="--consumer-name",
+            )
+        }
+    )
+    max_attempts: int = setting(
+        5,
+        help="Failed attempts after which a message becomes a consume dead letter.",
+        minimum=1,
+        maximum=1000,
+        env="OUTBOXER_CONSUME_MAX_ATTEMPTS",
+    )
+    retry: Backoff = setting(
+        default_factory=lambda: Backoff(base=1.0, factor=2.0, cap=300.0),
+        help="Delay before re-driving a failed consumption, by attempts",
+        env="OUTBOXER_CONSUME_RETRY",
+    )
+    retention: float = setting(
+        7 * DAY,
+        help="Seconds an inbox row is kept; must exceed the broker's redelivery horizon.",
+        minimum=0,
+        above_minimum=True,
+        maximum=MAX_SECONDS,
+        option="--inbox-retention",
+    )
+    concurrency: int = setting(
+        8,
+        help="Messages of different keys handled at once (one key: one at a time, in order).",
+        minimum=1,
+        maximum=256,
+        env="OUTBOXER_CONSUME_CONCURRENCY",
+    )
+    redrive_interval: float = setting(
+        1.0,
+        help="How often due failed consumptions are re-driven (s).",
+        minimum=0,
+        above_minimum=True,
+        maximum=3600,
+        option="--retry-interval",
+        env="OUTBOXER_CONSUME_RETRY_INTERVAL",
+    )
+    redrive_batch_size: int = setting(
+        50,
+        help="Failed consumptions re-driven per round.",
+        minimum=1,
+        maximum=10_000,
+        option="--retry-batch-size",
+        env="OUTBOXER_CONSUME_RETRY_BATCH_SIZE",
+    )
+    outage: Backoff = setting(
+        default_factory=Backoff,
+        help="Pause between attempts to store a delivery while the database is down",
+        env="OUTBOXER_CONSUME_OUTAGE",
+    )
+    batch_transactions: bool = setting(
+        False,
+        help="One inbox transaction per batch chunk instead of per message: 2-3x the "
+        "throughput, but a crash repeats the external side effects of the whole chunk (see "
+        "docs/inbox.md).",
+    )
+    sweep_interval: float = setting(
+        60.0,
+        help="How often this consumer offers to run the shared sweep (s); 0: leave it to others.",
+        minimum=0,
+        maximum=DAY,
+    )
+    sweep_batch_size: int = setting(
+        50, help="Dead letters purged per sweep.", minimum=1, maximum=10_000
+    )
+    dead_letter_retention: float = setting(
+        30 * DAY,
+        help="Seconds dead letters are kept before the sweep purges them; 0 keeps them.",
+        minimum=0,
+        maximum=MAX_SECONDS,
+    )
 
     def __post_init__(self) -> None:
         validate_consumer_name(self.consumer)
-        checks = {
-            "max_attempts": self.max_attempts >= 1,
-            "retention": self.retention > 0,
-            "concurrency": self.concurrency >= 1,
-            "redrive_interval": self.redrive_interval > 0,
-            "redrive_batch_size": self.redrive_batch_size >= 1,
-            "sweep_interval": self.sweep_interval >= 0,
-            "sweep_batch_size": self.sweep_batch_size >= 1,
-            "dead_letter_retention": self.dead_letter_retention >= 0,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise ConfigurationError(f"invalid inbox setting {name}={getattr(self, name)!r}")
+        check_fields(self, "inbox")
 
 
 @dataclass(slots=True)
