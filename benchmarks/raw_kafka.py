@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import build_messages, publisher_rate  # noqa: E402
 from outboxer._ids import new_message_id  # noqa: E402
-from outboxer.brokers.kafka.publisher import KafkaPublisher, KafkaSettings  # noqa: E402
+from outboxer.brokers.kafka import KafkaPublisher, KafkaSettings  # noqa: E402
 from outboxer.message import Message  # noqa: E402
 
 

@@ -129,21 +129,35 @@ class UrlSpec:
         schemes: Accepted schemes, lower case.
         hosts: ``none`` (``sqlite:///path``), ``one`` host, ``many`` comma-separated hosts, or
             ``opaque`` (the authority is not a host, e.g. ``inprocess://pkg.module:registry``).
-        default_port: Port of a host given without one.
+        default_port: Port of a host given without one; a mapping gives one per scheme
+            (``{"amqp": 5672, "amqps": 5671}``).
+        default_host: The host of a URL that names none (``amqp://`` means localhost); ``None``:
+            a host is required. Used only when the scheme has a default port.
         path: Whether a ``/path`` is refused, optional or required.
         options: The declared query options.
         credentials: Whether ``user:password@`` is accepted.
         example: A well-formed URL, shown in errors.
+        option_prefix: When set, only query parameters whose name starts with it are options
+            (declared with the prefix); the others belong to the URL's owner (a webhook
+            receiver's own parameters) and are kept verbatim in :attr:`ParsedUrl.kept_query`.
     """
 
     what: str
     schemes: Sequence[str]
     hosts: HostRule = "one"
-    default_port: int | None = None
+    default_port: int | Mapping[str, int] | None = None
+    default_host: str | None = "127.0.0.1"
     path: PathRule = "none"
     options: Sequence[Option] = ()
     credentials: bool = True
     example: str = ""
+    option_prefix: str | None = None
+
+    def port_for(self, scheme: str) -> int | None:
+        """The default port of ``scheme``'s URLs."""
+        if isinstance(self.default_port, Mapping):
+            return self.default_port.get(scheme)
+        return self.default_port
 
     def option(self, name: str) -> Option:
         for option in self.options:
@@ -166,6 +180,9 @@ class ParsedUrl:
         options: Every declared option's typed value (defaults filled in).
         given: The names of the options the URL actually set.
         url: The URL as given; hidden from ``repr`` (use :meth:`redacted`).
+        kept_query: The query parameters that are not options (only with
+            :attr:`UrlSpec.option_prefix`), as written, joined by ``&``; hidden from ``repr``
+            (a receiver's parameters may be tokens).
     """
 
     scheme: str
@@ -177,6 +194,7 @@ class ParsedUrl:
     options: Mapping[str, Any]
     given: frozenset[str]
     url: str = field(repr=False)
+    kept_query: str = field(default="", repr=False)
 
     @property
     def host(self) -> str:
@@ -198,6 +216,11 @@ class ParsedUrl:
     def redacted(self) -> str:
         """The URL with its password masked, for logs and errors."""
         return redact(self.url)
+
+    def values(self, options: Sequence[Option]) -> dict[str, Any]:
+        """The typed values of ``options`` by name, e.g. to build a settings dataclass whose
+        fields are named like its URL options."""
+        return {option.name: self.options[option.name] for option in options}
 
 
 def parse(url: str, spec: UrlSpec) -> ParsedUrl:
@@ -236,12 +259,13 @@ def parse(url: str, spec: UrlSpec) -> ParsedUrl:
         user, colon, secret = userinfo.partition(":")
         username = unquote(user) or None
         password = unquote(secret) if colon else None
-    hosts = _hosts(authority, spec)
+    hosts = _hosts(authority, spec, spec.port_for(scheme))
     path = unquote(path)
     if slash and spec.path == "none" and path:
         raise ConfigurationError(f"{what}: a path (/{path}) is not allowed{_example(spec)}")
     if spec.path == "required" and not path:
         raise ConfigurationError(f"{what}: a path is required{_example(spec)}")
+    query, kept_query = _split_query(query, spec.option_prefix)
     options, given = _options(query, spec)
     return ParsedUrl(
         scheme=scheme,
@@ -253,10 +277,25 @@ def parse(url: str, spec: UrlSpec) -> ParsedUrl:
         options=options,
         given=given,
         url=url,
+        kept_query=kept_query,
     )
 
 
-def _hosts(authority: str, spec: UrlSpec) -> tuple[tuple[str, int | None], ...]:
+def _split_query(query: str, prefix: str | None) -> tuple[str, str]:
+    """``query`` split into the options (names starting with ``prefix``, any case) and the
+    rest, kept byte for byte."""
+    if prefix is None or not query:
+        return query, ""
+    ours: list[str] = []
+    kept: list[str] = []
+    for item in query.split("&"):
+        (ours if item.lower().startswith(prefix) else kept).append(item)
+    return "&".join(ours), "&".join(kept)
+
+
+def _hosts(
+    authority: str, spec: UrlSpec, default_port: int | None
+) -> tuple[tuple[str, int | None], ...]:
     what = spec.what
     if spec.hosts == "opaque":
         if not authority:
@@ -269,19 +308,19 @@ def _hosts(authority: str, spec: UrlSpec) -> tuple[tuple[str, int | None], ...]:
             )
         return ()
     if not authority:
-        if spec.default_port is None:
+        if default_port is None or spec.default_host is None:
             raise ConfigurationError(f"{what}: a host is required{_example(spec)}")
-        return (("127.0.0.1", spec.default_port),)
+        return ((spec.default_host, default_port),)
     parts = authority.split(",")
     if len(parts) > 1 and spec.hosts != "many":
         raise ConfigurationError(f"{what}: only one host is allowed")
-    return tuple(_host(part, spec) for part in parts)
+    return tuple(_host(part, spec, default_port) for part in parts)
 
 
 _HOSTNAME = re.compile(r"[A-Za-z0-9_.\-%~]+")
 
 
-def _host(text: str, spec: UrlSpec) -> tuple[str, int | None]:
+def _host(text: str, spec: UrlSpec, default_port: int | None) -> tuple[str, int | None]:
     what = spec.what
     if text.startswith("["):
         host, bracket, after = text[1:].partition("]")
@@ -293,10 +332,12 @@ def _host(text: str, spec: UrlSpec) -> tuple[str, int | None]:
     else:
         host, colon, port_text_ = text.partition(":")
         port_text = port_text_ if colon else None
-        if not host or not _HOSTNAME.fullmatch(host):
+        if not host:
+            raise ConfigurationError(f"{what}: a host is required in {text!r}{_example(spec)}")
+        if not _HOSTNAME.fullmatch(host):
             raise ConfigurationError(f"{what}: malformed host {text!r}{_example(spec)}")
     if port_text is None or port_text == "":
-        return host, spec.default_port
+        return host, default_port
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ConfigurationError(f"{what}: port {port_text!r} must be a number from 1 to 65535")
     return host, int(port_text)
@@ -312,6 +353,8 @@ def _options(query: str, spec: UrlSpec) -> tuple[dict[str, Any], frozenset[str]]
     values: dict[str, Any] = {name: option.default for name, option in declared.items()}
     given: set[str] = set()
     for name, raw in pairs:
+        if spec.option_prefix is not None:  # prefixed names are matched in any case
+            name = name.lower()
         option = declared.get(name)
         if option is None:
             known = ", ".join(declared) or "none"

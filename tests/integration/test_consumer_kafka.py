@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from outboxer.brokers.kafka.consumer import KafkaConsumerSettings
+from outboxer.brokers.kafka import KafkaConsumerSettings
 from outboxer.brokers.kafka.publisher import KafkaPublisher
 from outboxer.message import Message
 from tests.contracts.consumer import ConsumerContract, Prepare, Publish

@@ -22,7 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from outboxer._ids import new_message_id
 from outboxer.brokers import publisher_from_url
-from outboxer.brokers.kafka.publisher import KafkaPublisher, KafkaSettings
+from outboxer.brokers.kafka import KafkaPublisher, KafkaSettings
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -453,7 +453,7 @@ def test_url_credentials_become_sasl_and_never_show() -> None:
         ("kafka://k1?security_protocol=tls", "security_protocol"),
         ("kafka://u:hunter2@k1?sasl_mechanism=GSSAPI", "sasl_mechanism"),
         ("kafka://u:hunter2@:9092", "host"),
-        ("kafkas://k1:9092", "not a Kafka URL"),
+        ("kafkas://k1:9092", "scheme kafkas:// is not accepted"),
     ],
 )
 def test_bad_urls_are_refused_in_one_line(url: str, complaint: str) -> None:

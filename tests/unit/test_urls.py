@@ -134,3 +134,36 @@ def test_scheme_registry() -> None:
         lookup("bogus://u:hunter2@h", "broker")
     assert "hunter2" not in str(caught.value)
     assert {entry.kind for entry in SCHEMES.values()} == {"database", "broker"}
+
+
+def test_default_host_and_ports_per_scheme() -> None:
+    amqp = UrlSpec(
+        "amqp URL",
+        ("amqp", "amqps"),
+        default_port={"amqp": 5672, "amqps": 5671},
+        default_host="localhost",
+        path="optional",
+    )
+    assert parse("amqp://", amqp).hosts == (("localhost", 5672),)
+    assert parse("amqps://h/vh", amqp).hosts == (("h", 5671),)
+    required = UrlSpec("k URL", ("k",), hosts="many", default_port=9092, default_host=None)
+    for url in ("k://", "k://u:hunter2@:9092", "k://a,,b"):
+        with pytest.raises(ConfigurationError, match="a host is required") as caught:
+            parse(url, required)
+        assert "hunter2" not in str(caught.value)
+
+
+def test_option_prefix_keeps_the_owners_parameters() -> None:
+    spec = UrlSpec(
+        "web URL",
+        ("http",),
+        path="optional",
+        options=(Option("x_n", "int", 1), Option("x_secret", secret=True)),
+        option_prefix="x_",
+    )
+    url = parse("http://h/p?a=1&X_N=3&b=%20&c", spec)
+    assert url.options["x_n"] == 3
+    assert url.kept_query == "a=1&b=%20&c"
+    assert "a=1" not in repr(url)
+    with pytest.raises(ConfigurationError, match="unknown option 'x_m'; known options: x_n"):
+        parse("http://h/?x_m=1", spec)

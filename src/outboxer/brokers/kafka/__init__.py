@@ -1,7 +1,8 @@
-"""The kafka broker: settings, wire format (:mod:`.wire`), publisher and consumer."""
+"""The Kafka broker: settings, wire format (:mod:`.wire`), publisher and consumer."""
 
-from outboxer.brokers.kafka.consumer import KafkaConsumer, KafkaConsumerSettings
-from outboxer.brokers.kafka.publisher import KafkaPublisher, KafkaSettings
+from outboxer.brokers.kafka.consumer import KafkaConsumer
+from outboxer.brokers.kafka.publisher import KafkaPublisher
+from outboxer.brokers.kafka.settings import KafkaConsumerSettings, KafkaSettings
 
 __all__ = [
     "KafkaConsumer",

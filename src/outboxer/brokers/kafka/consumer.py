@@ -38,32 +38,24 @@ import concurrent.futures
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from outboxer.brokers._options import split_options
-from outboxer.brokers.kafka.publisher import KafkaSettings
+from outboxer.brokers.kafka.settings import KafkaConsumerSettings
 from outboxer.brokers.kafka.wire import decode
 from outboxer.errors import ConfigurationError
 from outboxer.inbox.consumer import Deliver
-from outboxer.inbox.inbox import ConsumerStopping, validate_consumer_name
+from outboxer.inbox.inbox import ConsumerStopping
 from outboxer.message import Message
 
-__all__ = ["KafkaConsumer", "KafkaConsumerSettings"]
+__all__ = ["KafkaConsumer"]
 
 log = logging.getLogger("outboxer.consumer.kafka")
 client_log = logging.getLogger("outboxer.consumer.kafka.librdkafka")
 
 T = TypeVar("T")
 
-_OPTIONS = (
-    "session_timeout_ms",
-    "heartbeat_interval_ms",
-    "max_poll_interval_ms",
-    "auto_offset_reset",
-)
 # librdkafka's local error codes start with "_" (getattr: no private-member access).
 _PARTITION_EOF: int = getattr(KafkaError, "_PARTITION_EOF")  # noqa: B009
 _MISSING_TOPIC = frozenset(
@@ -71,97 +63,6 @@ _MISSING_TOPIC = frozenset(
 )
 #: How long one ``consume`` call may block: the longest delay before a stop is noticed.
 _POLL_SECONDS = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class KafkaConsumerSettings:
-    """A consumer group member: connection settings plus group tuning.
-
-    Attributes:
-        connection: Brokers, client id and security, parsed like the publisher's URL.
-        group: The consumer group id (the consumer name).
-        topics: Topics to subscribe to (a name starting with ``^`` is a regular expression).
-        batch_size: Records fetched per ``consume`` call and committed together.
-        session_timeout_ms: See the module docstring.
-        heartbeat_interval_ms: See the module docstring.
-        max_poll_interval_ms: See the module docstring.
-        auto_offset_reset: ``earliest`` or ``latest``.
-    """
-
-    connection: KafkaSettings
-    group: str
-    topics: tuple[str, ...]
-    batch_size: int = 100
-    session_timeout_ms: int = 6000
-    heartbeat_interval_ms: int = 500
-    max_poll_interval_ms: int = 300_000
-    auto_offset_reset: str = "earliest"
-
-    def __post_init__(self) -> None:
-        validate_consumer_name(self.group)
-        if not self.topics:
-            raise ConfigurationError("kafka consumer: at least one topic is required")
-        if self.auto_offset_reset not in ("earliest", "latest"):
-            raise ConfigurationError(
-                f"kafka URL: auto_offset_reset={self.auto_offset_reset!r}: use earliest or latest"
-            )
-        if not 0 < self.heartbeat_interval_ms < self.session_timeout_ms:
-            raise ConfigurationError(
-                "kafka URL: heartbeat_interval_ms must be positive and below session_timeout_ms"
-            )
-        if self.max_poll_interval_ms < self.session_timeout_ms:
-            raise ConfigurationError(
-                "kafka URL: max_poll_interval_ms must be at least session_timeout_ms"
-            )
-
-    @classmethod
-    def from_url(
-        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
-    ) -> KafkaConsumerSettings:
-        rest, options = split_options(url, _OPTIONS)
-        numbers: dict[str, int] = {}
-        for option in ("session_timeout_ms", "heartbeat_interval_ms", "max_poll_interval_ms"):
-            if option in options:
-                try:
-                    numbers[option] = int(options[option])
-                except ValueError:
-                    raise ConfigurationError(
-                        f"kafka URL: {option}={options[option]!r} is not a whole number"
-                    ) from None
-        return cls(
-            connection=KafkaSettings.from_url(rest),
-            group=name,
-            topics=tuple(topics),
-            batch_size=batch_size,
-            auto_offset_reset=options.get("auto_offset_reset", "earliest"),
-            **numbers,
-        )
-
-    def consumer_config(self) -> dict[str, Any]:
-        """The librdkafka consumer properties (without the callbacks)."""
-        connection = self.connection
-        config: dict[str, Any] = {
-            "bootstrap.servers": connection.bootstrap_servers,
-            "client.id": connection.client_id,
-            "group.id": self.group,
-            # Offsets are committed by the adapter after the inbox committed, never in the
-            # background: an auto-commit could run ahead of a transaction that then fails.
-            "enable.auto.commit": False,
-            "auto.offset.reset": self.auto_offset_reset,
-            "session.timeout.ms": self.session_timeout_ms,
-            "heartbeat.interval.ms": self.heartbeat_interval_ms,
-            "max.poll.interval.ms": self.max_poll_interval_ms,
-            "log.connection.close": False,
-        }
-        optional = {
-            "security.protocol": connection.security_protocol,
-            "sasl.mechanism": connection.sasl_mechanism,
-            "sasl.username": connection.sasl_username,
-            "sasl.password": connection.sasl_password,
-            "ssl.ca.location": connection.ssl_ca_location,
-        }
-        config.update({k: v for k, v in optional.items() if v is not None})
-        return config
 
 
 class KafkaConsumer:

@@ -97,14 +97,12 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qs, unquote
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from outboxer.brokers._options import QueryOptions
+from outboxer.brokers.kafka.settings import KafkaSettings
 from outboxer.brokers.kafka.wire import header_encoder
 from outboxer.errors import (
     BrokerUnavailable,
@@ -115,45 +113,13 @@ from outboxer.errors import (
 )
 from outboxer.message import Message
 
-__all__ = ["KafkaPublisher", "KafkaSettings"]
+__all__ = ["KafkaPublisher"]
 
 log = logging.getLogger(__name__)
 #: librdkafka's own log lines (connection failures, ...) are routed here rather than to stderr.
 client_log = logging.getLogger(f"{__name__}.librdkafka")
 
 DEFAULT_PORT = 9092
-
-_COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
-_SECURITY_PROTOCOLS = ("plaintext", "ssl", "sasl_plaintext", "sasl_ssl")
-_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-_QUERY_PARAMETERS = (
-    "source",
-    "client_id",
-    "auto_create_topics",
-    "linger_ms",
-    "delivery_timeout",
-    "missing_topic_timeout",
-    "compression",
-    "security_protocol",
-    "sasl_mechanism",
-    "ssl_ca_location",
-)
-#: librdkafka properties the adapter's guarantees rest on: ``extra`` may not change them.
-_PROTECTED = frozenset(
-    {
-        "enable.idempotence",
-        "acks",
-        "request.required.acks",
-        "error_cb",
-        "logger",
-        "on_delivery",
-        "dr_cb",
-        "dr_msg_cb",
-        "transactional.id",
-        "bootstrap.servers",
-        "metadata.broker.list",
-    }
-)
 
 
 def _codes(*names: str) -> frozenset[int]:
@@ -220,231 +186,6 @@ _BREAKS_PRODUCER = _codes(
     "_MSG_TIMED_OUT", "_ALL_BROKERS_DOWN", "_FATAL", "_FENCED", "PRODUCER_FENCED", "_DESTROY"
 )
 _PURGED = _codes("_PURGE_QUEUE", "_PURGE_INFLIGHT")
-
-
-@dataclass(frozen=True, slots=True)
-class KafkaSettings:
-    """How to reach the cluster and what to put on the wire, parsed from a ``kafka://`` URL.
-
-    Build one with :meth:`from_url` or directly, and adjust it with :func:`dataclasses.replace`.
-
-    Attributes:
-        bootstrap_servers: ``host:port[,host:port...]`` to fetch the cluster metadata from.
-        source: The CloudEvents ``ce_source`` header of every record.
-        client_id: librdkafka ``client.id``, so operators can spot the relay in broker logs.
-        auto_create_topics: Let the broker create a missing topic on first use (if the broker
-            allows it). Off by default: a missing topic is a ``PermanentPublishError``.
-        linger_ms: How long librdkafka waits to fill a batch (``linger.ms``). Small, because the
-            relay already hands over whole batches: 1 ms lets a batch of 500 (queued in about
-            2 ms) leave in a few requests, while keeping commit-to-ack latency low (5 ms added
-            5 ms to every publish and gained no throughput on Tansu).
-        delivery_timeout: Seconds a record may wait for its acknowledgement before it counts as
-            ``BrokerUnavailable`` (``message.timeout.ms``); also bounds connect and request time.
-        missing_topic_timeout: Seconds a topic may be absent from the metadata before records
-            for it fail (``topic.metadata.propagation.max.ms``); a topic created a moment ago
-            may not have reached every broker yet.
-        compression: ``compression.type``: none, gzip, snappy, lz4 or zstd.
-        security_protocol: plaintext, ssl, sasl_plaintext or sasl_ssl (librdkafka's default,
-            plaintext, when None).
-        sasl_mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
-        sasl_username: SASL user (the URL's user).
-        sasl_password: SASL password (the URL's password); never shown by ``repr`` or in errors.
-        ssl_ca_location: CA bundle that signs the brokers' certificates.
-        extra: Any other librdkafka producer property, e.g. ``{"batch.size": 1000000}``; the
-            ones the delivery guarantees rest on (idempotence, acks, callbacks) are refused.
-    """
-
-    bootstrap_servers: str
-    source: str = "outboxer"
-    client_id: str = "outboxer"
-    auto_create_topics: bool = False
-    linger_ms: float = 1.0
-    delivery_timeout: float = 10.0
-    missing_topic_timeout: float = 5.0
-    compression: str = "none"
-    security_protocol: str | None = None
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password: str | None = field(default=None, repr=False)
-    ssl_ca_location: str | None = None
-    extra: Mapping[str, str | int | float | bool] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        servers = [s.strip() for s in self.bootstrap_servers.split(",")]
-        if not all(servers):
-            raise ConfigurationError(
-                "kafka URL: at least one host:port is required, e.g. kafka://127.0.0.1:9092"
-            )
-        if not self.source:
-            raise ConfigurationError("kafka URL: source (ce_source) must not be empty")
-        if not 0 <= self.linger_ms <= 900_000:
-            raise ConfigurationError(f"kafka URL: linger_ms={self.linger_ms} is out of range")
-        if not 0.1 <= self.delivery_timeout <= 3600:
-            raise ConfigurationError(
-                f"kafka URL: delivery_timeout={self.delivery_timeout} must be 0.1 to 3600 s"
-            )
-        if self.linger_ms >= self.delivery_timeout * 1000:
-            raise ConfigurationError("kafka URL: linger_ms must be shorter than delivery_timeout")
-        if not 0 <= self.missing_topic_timeout <= 3600:
-            raise ConfigurationError(
-                f"kafka URL: missing_topic_timeout={self.missing_topic_timeout} must be 0 to 3600 s"
-            )
-        if self.compression not in _COMPRESSIONS:
-            raise ConfigurationError(
-                f"kafka URL: compression={self.compression!r}: use one of "
-                + ", ".join(_COMPRESSIONS)
-            )
-        if self.security_protocol is not None and self.security_protocol not in (
-            _SECURITY_PROTOCOLS
-        ):
-            raise ConfigurationError(
-                f"kafka URL: security_protocol={self.security_protocol!r}: use one of "
-                + ", ".join(_SECURITY_PROTOCOLS)
-            )
-        if self.sasl_mechanism is not None and self.sasl_mechanism not in _SASL_MECHANISMS:
-            raise ConfigurationError(
-                f"kafka URL: sasl_mechanism={self.sasl_mechanism!r}: use one of "
-                + ", ".join(_SASL_MECHANISMS)
-            )
-        refused = sorted(set(self.extra) & _PROTECTED)
-        if refused:
-            raise ConfigurationError(
-                f"kafka settings: extra property {refused[0]!r} cannot be changed: the delivery "
-                "guarantees rest on it"
-            )
-
-    @classmethod
-    def from_url(cls, url: str) -> KafkaSettings:
-        """Parse ``kafka://[user:password@]host[:port][,host[:port]...][?options]``.
-
-        Raises:
-            ConfigurationError: one readable line naming the problem; the password is never
-                part of it.
-        """
-        scheme, sep, rest = url.partition("://")
-        if not sep or scheme.lower() != "kafka":
-            raise ConfigurationError(
-                f"not a Kafka URL (scheme {scheme.lower() if sep else 'missing'}): "
-                "use kafka://host:port"
-            )
-        rest, _, fragment = rest.partition("#")
-        if fragment:
-            raise ConfigurationError("kafka URL: a #fragment is not allowed")
-        netloc, _, query_text = rest.partition("?")
-        netloc, _, path = netloc.partition("/")
-        if path:
-            raise ConfigurationError(f"kafka URL: a path (/{path}) is not allowed")
-        userinfo, at, hosts = netloc.rpartition("@")
-        username: str | None = None
-        password: str | None = None
-        if at:
-            user, colon, secret = userinfo.partition(":")
-            username = unquote(user) or None
-            password = unquote(secret) if colon else None
-        servers = [_parse_server(server) for server in hosts.split(",")]
-        query = parse_qs(query_text, keep_blank_values=True)
-        unknown = sorted(set(query) - set(_QUERY_PARAMETERS))
-        if unknown:
-            raise ConfigurationError(
-                f"kafka URL: unknown option {unknown[0]!r}; known options: "
-                + ", ".join(_QUERY_PARAMETERS)
-            )
-        options: dict[str, str] = {}
-        for name, values in query.items():
-            if len(values) > 1:
-                raise ConfigurationError(f"kafka URL: option {name!r} is given more than once")
-            options[name] = values[0]
-        read = QueryOptions("kafka URL", options)
-        security = options.get("security_protocol")
-        if security is None and username is not None:
-            security = "sasl_plaintext"  # credentials in the URL mean SASL
-        return cls(
-            bootstrap_servers=",".join(servers),
-            source=options.get("source", "outboxer"),
-            client_id=options.get("client_id", "outboxer") or "outboxer",
-            auto_create_topics=read.bool("auto_create_topics", False),
-            linger_ms=read.float("linger_ms", 1.0),
-            delivery_timeout=read.float("delivery_timeout", 10.0),
-            missing_topic_timeout=read.float("missing_topic_timeout", 5.0),
-            compression=options.get("compression", "none").lower(),
-            security_protocol=security.lower() if security else None,
-            sasl_mechanism=options["sasl_mechanism"].upper()
-            if options.get("sasl_mechanism")
-            else ("PLAIN" if username is not None else None),
-            sasl_username=username,
-            sasl_password=password,
-            ssl_ca_location=options.get("ssl_ca_location") or None,
-        )
-
-    def safe_url(self) -> str:
-        """The cluster's URL for log lines and errors: the password is replaced by ``***``."""
-        user = self.sasl_username or ""
-        if self.sasl_password is not None:
-            credentials = f"{user}:***@"
-        else:
-            credentials = f"{user}@" if user else ""
-        return f"kafka://{credentials}{self.bootstrap_servers}"
-
-    def producer_config(self) -> dict[str, Any]:
-        """The librdkafka producer properties (without the callbacks the publisher adds)."""
-        timeout_ms = int(self.delivery_timeout * 1000)
-        config: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap_servers,
-            "client.id": self.client_id,
-            # Idempotence: librdkafka's retries never duplicate or reorder a partition's records,
-            # which keeps per-key order across retries; it implies acks=all, stated anyway.
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": self.linger_ms,
-            # A down broker must be reported within seconds, not librdkafka's 5 minutes. An
-            # in-flight request is only given up after request.timeout.ms, so it is kept at half
-            # the delivery timeout: the worst case is about 1.5 x delivery_timeout.
-            "message.timeout.ms": timeout_ms,
-            "request.timeout.ms": max(1000, min(30_000, timeout_ms // 2)),
-            "socket.connection.setup.timeout.ms": max(1000, timeout_ms),
-            "allow.auto.create.topics": self.auto_create_topics,
-            "topic.metadata.propagation.max.ms": int(self.missing_topic_timeout * 1000),
-            # The Java client's default partitioner: a key lands where JVM producers put it.
-            "partitioner": "murmur2_random",
-            "compression.type": self.compression,
-            # Idle connections closed by the broker are normal, not worth an error log line.
-            "log.connection.close": False,
-        }
-        if self.security_protocol is not None:
-            config["security.protocol"] = self.security_protocol
-        if self.sasl_mechanism is not None:
-            config["sasl.mechanism"] = self.sasl_mechanism
-        if self.sasl_username is not None:
-            config["sasl.username"] = self.sasl_username
-        if self.sasl_password is not None:
-            config["sasl.password"] = self.sasl_password
-        if self.ssl_ca_location is not None:
-            config["ssl.ca.location"] = self.ssl_ca_location
-        config.update(self.extra)
-        return config
-
-
-def _parse_server(server: str) -> str:
-    server = server.strip()
-    if server.startswith("["):  # [IPv6]:port
-        host, bracket, port_text = server[1:].partition("]")
-        if not bracket or (port_text and not port_text.startswith(":")):
-            raise ConfigurationError(f"kafka URL: cannot read the broker address {server!r}")
-        port_text = port_text[1:]
-        host = f"[{host}]"
-    else:
-        host, _, port_text = server.partition(":")
-    if not host or host == "[]":
-        raise ConfigurationError(
-            "kafka URL: every broker needs a host, e.g. kafka://kafka1:9092,kafka2:9092"
-        )
-    if not port_text:
-        return f"{host}:{DEFAULT_PORT}"
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ConfigurationError(
-            f"kafka URL: the port of broker {host} must be a number from 1 to 65535"
-        )
-    return f"{host}:{int(port_text)}"
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
