@@ -11,8 +11,7 @@ import pika.exceptions  # type: ignore[import-untyped]
 import pytest
 
 from outboxer.brokers import consumer_from_url
-from outboxer.brokers.rabbitmq import wire
-from outboxer.brokers.rabbitmq.consumer import RabbitMQConsumerSettings
+from outboxer.brokers.rabbitmq import RabbitMQConsumerSettings, wire
 from outboxer.brokers.rabbitmq.publisher import RabbitMQPublisher
 from outboxer.message import Message
 from tests.conftest import require_service, unique_name

@@ -1,7 +1,8 @@
-"""The rabbitmq broker: settings, wire format (:mod:`.wire`), publisher and consumer."""
+"""The RabbitMQ broker: settings, wire format (:mod:`.wire`), publisher and consumer."""
 
-from outboxer.brokers.rabbitmq.consumer import RabbitMQConsumer, RabbitMQConsumerSettings
-from outboxer.brokers.rabbitmq.publisher import RabbitMQPublisher, RabbitMQSettings
+from outboxer.brokers.rabbitmq.consumer import RabbitMQConsumer
+from outboxer.brokers.rabbitmq.publisher import RabbitMQPublisher
+from outboxer.brokers.rabbitmq.settings import RabbitMQConsumerSettings, RabbitMQSettings
 
 __all__ = [
     "RabbitMQConsumer",

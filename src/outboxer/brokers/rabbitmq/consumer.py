@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,82 +41,17 @@ import pika  # type: ignore[import-untyped]
 import pika.exceptions  # type: ignore[import-untyped]
 from pika.adapters.asyncio_connection import AsyncioConnection  # type: ignore[import-untyped]
 
-from outboxer.brokers._options import split_options
-from outboxer.brokers.rabbitmq.publisher import RabbitMQSettings
+from outboxer.brokers.rabbitmq.settings import RabbitMQConsumerSettings
 from outboxer.brokers.rabbitmq.wire import decode
-from outboxer.config import Backoff
-from outboxer.errors import BrokerUnavailable, ConfigurationError
+from outboxer.errors import BrokerUnavailable
 from outboxer.inbox.consumer import Deliver
-from outboxer.inbox.inbox import ConsumerStopping, validate_consumer_name
+from outboxer.inbox.inbox import ConsumerStopping
 
-__all__ = ["RabbitMQConsumer", "RabbitMQConsumerSettings"]
+__all__ = ["RabbitMQConsumer"]
 
 log = logging.getLogger("outboxer.consumer.rabbitmq")
 
-_OPTIONS = ("prefetch", "queue", "queue_type")
 _CLOSE_GRACE = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class RabbitMQConsumerSettings:
-    """Where to consume from and how much to take at once.
-
-    Attributes:
-        connection: Broker, credentials, vhost and exchange, parsed like the publisher's URL.
-        queue: The durable queue (default: the consumer name).
-        topics: Binding keys of the queue on the exchange.
-        batch_size: Messages delivered to the inbox and acknowledged together.
-        prefetch: Unacknowledged messages in flight to this consumer (0: twice the batch).
-        queue_type: ``classic`` or ``quorum``.
-        reconnect: Pause between connection attempts while RabbitMQ is unreachable.
-    """
-
-    connection: RabbitMQSettings
-    queue: str
-    topics: tuple[str, ...]
-    batch_size: int = 100
-    prefetch: int = 0
-    queue_type: str = "classic"
-    reconnect: Backoff = dataclasses.field(
-        default_factory=lambda: Backoff(base=1.0, factor=2.0, cap=30.0)
-    )
-
-    def __post_init__(self) -> None:
-        validate_consumer_name(self.queue)
-        if not self.topics:
-            raise ConfigurationError("RabbitMQ consumer: at least one topic is required")
-        if self.prefetch < 0 or self.prefetch > 65535:
-            raise ConfigurationError(f"RabbitMQ URL: prefetch={self.prefetch} must be 0 to 65535")
-        if self.queue_type not in ("classic", "quorum"):
-            raise ConfigurationError(
-                f"RabbitMQ URL: queue_type={self.queue_type!r}: use classic or quorum"
-            )
-
-    @property
-    def window(self) -> int:
-        return self.prefetch or min(65535, 2 * self.batch_size)
-
-    @classmethod
-    def from_url(
-        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
-    ) -> RabbitMQConsumerSettings:
-        rest, options = split_options(url, _OPTIONS)
-        try:
-            prefetch = int(options.get("prefetch", "0"))
-        except ValueError:
-            raise ConfigurationError(
-                f"RabbitMQ URL: prefetch={options['prefetch']!r} is not a whole number"
-            ) from None
-        connection = RabbitMQSettings.from_url(rest)
-        connection = dataclasses.replace(connection, connection_name=f"outboxer consumer {name}")
-        return cls(
-            connection=connection,
-            queue=options.get("queue") or name,
-            topics=tuple(topics),
-            batch_size=batch_size,
-            prefetch=prefetch,
-            queue_type=options.get("queue_type", "classic"),
-        )
 
 
 def _describe(exc: BaseException | None) -> str:

@@ -93,13 +93,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import ssl
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from typing import Any
 
 import pika  # type: ignore[import-untyped]
 import pika.exceptions  # type: ignore[import-untyped]
@@ -109,177 +106,22 @@ from pika.adapters.asyncio_connection import AsyncioConnection  # type: ignore[i
 from pika.adapters.utils import connection_workflow  # type: ignore[import-untyped]
 
 from outboxer.brokers.rabbitmq import wire
+from outboxer.brokers.rabbitmq.settings import RabbitMQSettings
 from outboxer.errors import (
     BrokerUnavailable,
-    ConfigurationError,
     PermanentPublishError,
     PublishError,
     RetryablePublishError,
 )
 from outboxer.message import Message
 
-__all__ = ["RabbitMQPublisher", "RabbitMQSettings"]
+__all__ = ["RabbitMQPublisher"]
 
 log = logging.getLogger(__name__)
-
-Unroutable = Literal["dead-letter", "ack"]
 
 _FLUSH_BYTES = 1 << 20  # write queued frames at least every MiB (large payloads)
 _CLOSE_GRACE = 2.0  # seconds for pika's closing handshake before the socket is just dropped
 _SHORTSTR_MAX = 255  # AMQP short strings (routing key, property strings, table keys)
-# RabbitMQ's rule for exchange names; anything else is refused with a channel error.
-_EXCHANGE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
-
-
-@dataclass(frozen=True, slots=True)
-class RabbitMQSettings:
-    """Where and how to publish; built from the broker URL by :meth:`from_url`.
-
-    Attributes:
-        host: Broker host name or address.
-        port: Broker port (5672, or 5671 with TLS).
-        username: Login user.
-        password: Login password; kept out of ``repr``, logs and errors.
-        virtual_host: The vhost to open.
-        tls: Connect with TLS (``amqps://``).
-        exchange: Topic exchange that receives every message; declared durable on connect.
-        unroutable: What a returned (unroutable) message means: ``dead-letter`` reports a
-            ``PermanentPublishError``, ``ack`` counts it as delivered.
-        max_unconfirmed: Messages written but not yet confirmed, at most, on the connection
-            (all concurrent calls together): the pipelining window.
-        confirm_timeout: Seconds a ``publish`` call waits for its confirms (and for room in
-            the window) before reporting the broker unavailable; keep it below the relay's
-            lease so a stuck call is settled before another relay takes the batch over.
-        connect_timeout: Seconds for TCP connect, TLS and the AMQP handshake together.
-        heartbeat: AMQP heartbeat interval proposed to the broker, seconds (0 = off).
-        max_message_size: Largest payload sent; bigger ones fail permanently instead of
-            making RabbitMQ close the channel (its ``max_message_size``: 16 MiB by default
-            in RabbitMQ 4, 128 MiB in 3.x).
-        connection_name: Shown for the connection in RabbitMQ's management UI and
-            ``rabbitmqctl list_connections client_properties`` (e.g. the relay's name).
-    """
-
-    host: str = "localhost"
-    port: int = 5672
-    username: str = "guest"
-    password: str = field(default="guest", repr=False)
-    virtual_host: str = "/"
-    tls: bool = False
-    exchange: str = "outbox"
-    unroutable: Unroutable = "dead-letter"
-    max_unconfirmed: int = 5000
-    confirm_timeout: float = 15.0
-    connect_timeout: float = 10.0
-    heartbeat: int = 60
-    max_message_size: int = 16 * 1024 * 1024
-    connection_name: str = "outboxer publisher"
-
-    def __post_init__(self) -> None:
-        if not _EXCHANGE_NAME.match(self.exchange):
-            raise ConfigurationError(
-                f"invalid RabbitMQ exchange name {self.exchange!r}: use 1-255 letters, digits, "
-                "'-', '_', '.' or ':'"
-            )
-        if self.unroutable not in ("dead-letter", "ack"):
-            raise ConfigurationError(
-                f"invalid RabbitMQ unroutable={self.unroutable!r}: use 'dead-letter' or 'ack'"
-            )
-        checks = {
-            "port": 0 < self.port < 65536,
-            "max_unconfirmed": self.max_unconfirmed >= 1,
-            "confirm_timeout": self.confirm_timeout > 0,
-            "connect_timeout": self.connect_timeout > 0,
-            "heartbeat": self.heartbeat >= 0,
-            "max_message_size": self.max_message_size >= 1,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise ConfigurationError(f"invalid RabbitMQ setting {name}={getattr(self, name)!r}")
-
-    @classmethod
-    def from_url(cls, url: str) -> RabbitMQSettings:
-        """Parse ``amqp://`` / ``amqps://`` URLs (see the module docstring).
-
-        Raises:
-            ConfigurationError: the URL is malformed or has an unknown or invalid parameter;
-                the message never contains the password.
-        """
-        parts = urlsplit(url)
-        scheme = parts.scheme.lower()
-        if scheme not in ("amqp", "amqps"):
-            raise ConfigurationError(
-                f"not a RabbitMQ URL (scheme {scheme + '://' if scheme else 'missing'}): "
-                "use amqp://user:pass@host:port/vhost"
-            )
-        tls = scheme == "amqps"
-        try:
-            port = parts.port
-        except ValueError:
-            raise ConfigurationError(
-                f"invalid port in RabbitMQ URL for host {parts.hostname or '?'}"
-            ) from None
-        path = unquote(parts.path[1:]) if parts.path.startswith("/") else unquote(parts.path)
-        options: dict[str, Any] = {
-            "host": parts.hostname or "localhost",
-            "port": port or (5671 if tls else 5672),
-            "username": unquote(parts.username) if parts.username else "guest",
-            "password": unquote(parts.password) if parts.password is not None else "guest",
-            "virtual_host": path or "/",
-            "tls": tls,
-        }
-        converters: dict[str, Callable[[str], Any]] = {
-            "exchange": str,
-            "unroutable": str,
-            "max_unconfirmed": int,
-            "confirm_timeout": float,
-            "connect_timeout": float,
-            "heartbeat": int,
-            "max_message_size": int,
-            "connection_name": str,
-        }
-        for name, values in parse_qs(parts.query, keep_blank_values=True).items():
-            if name not in converters:
-                raise ConfigurationError(
-                    f"unknown RabbitMQ URL parameter {name!r}: use " + ", ".join(sorted(converters))
-                )
-            if len(values) > 1:
-                raise ConfigurationError(f"RabbitMQ URL parameter {name!r} is given twice")
-            try:
-                options[name] = converters[name](values[-1])
-            except ValueError:
-                raise ConfigurationError(
-                    f"invalid RabbitMQ URL parameter {name}={values[-1]!r}"
-                ) from None
-        return cls(**options)
-
-    def safe_url(self) -> str:
-        """The connection's URL without the password, for logs and error messages."""
-        scheme = "amqps" if self.tls else "amqp"
-        vhost = quote(self.virtual_host, safe="")
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{scheme}://{quote(self.username, safe='')}@{host}:{self.port}/{vhost}"
-
-    def connection_parameters(self, ssl_context: ssl.SSLContext | None = None) -> Any:
-        """pika's connection parameters: one attempt, bounded in time, no hidden retries."""
-        ssl_options = None
-        if self.tls:
-            context = ssl_context or ssl.create_default_context()
-            ssl_options = pika.SSLOptions(context, server_hostname=self.host)
-        return pika.ConnectionParameters(
-            host=self.host,
-            port=self.port,
-            virtual_host=self.virtual_host,
-            credentials=pika.PlainCredentials(self.username, self.password),
-            heartbeat=self.heartbeat,
-            connection_attempts=1,
-            socket_timeout=self.connect_timeout,
-            stack_timeout=self.connect_timeout,
-            # A connection RabbitMQ blocks (memory or disk alarm) is closed by pika after this
-            # long; its unconfirmed messages then report BrokerUnavailable.
-            blocked_connection_timeout=self.confirm_timeout,
-            ssl_options=ssl_options,
-            client_properties={"connection_name": self.connection_name},
-        )
 
 
 def _describe(exc: BaseException | None) -> str:
