@@ -9,7 +9,8 @@ import nats
 import nats.js.errors
 import pytest
 
-from outboxer.brokers.nats.consumer import NatsConsumerSettings, durable_name
+from outboxer.brokers.nats import NatsConsumerSettings
+from outboxer.brokers.nats.consumer import durable_name
 from outboxer.brokers.nats.publisher import NatsPublisher
 from outboxer.message import Message
 from tests.conftest import require_service, unique_name

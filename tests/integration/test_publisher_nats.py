@@ -30,7 +30,8 @@ from nats.js.api import DiscardPolicy
 from nats.js.errors import NotFoundError
 
 from outboxer.brokers import publisher_from_url
-from outboxer.brokers.nats.publisher import NatsPublisher, NatsSettings, _classify_api_error
+from outboxer.brokers.nats import NatsPublisher, NatsSettings
+from outboxer.brokers.nats.publisher import _classify_api_error
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -451,15 +452,15 @@ def test_url_options_and_servers_are_parsed() -> None:
     [
         ("nats://alice:s3cr3t@host:notaport", "port 'notaport'"),
         ("nats://alice:s3cr3t@host:70000", "port '70000'"),
-        ("nats://alice:s3cr3t@:4222", "no host"),
-        ("nats://host:4222,,other", "no host"),
-        ("nats://alice:s3cr3t@host:4222/subject", "no path"),
+        ("nats://alice:s3cr3t@:4222", "a host is required"),
+        ("nats://host:4222,,other", "a host is required"),
+        ("nats://alice:s3cr3t@host:4222/subject", "path (/subject) is not allowed"),
         ("nats://host:4222?stream=x", "unknown option 'stream'"),
         ("nats://host:4222?ack_timeout=soon", "ack_timeout='soon' is not a number"),
         ("nats://host:4222?ack_timeout=0", "must be positive"),
         ("nats://host:4222?max_pending=0", "max_pending must be at least 1"),
         ("nats://host:4222?source=", "source must not be empty"),
-        ("http://host:4222", "must start with nats://"),
+        ("http://host:4222", "use nats://"),
     ],
 )
 def test_bad_urls_raise_one_readable_line_without_secrets(url: str, expected: str) -> None:

@@ -1,7 +1,8 @@
-"""The nats broker: settings, wire format (:mod:`.wire`), publisher and consumer."""
+"""The NATS JetStream broker: settings, wire format (:mod:`.wire`), publisher and consumer."""
 
-from outboxer.brokers.nats.consumer import NatsConsumer, NatsConsumerSettings
-from outboxer.brokers.nats.publisher import NatsPublisher, NatsSettings
+from outboxer.brokers.nats.consumer import NatsConsumer
+from outboxer.brokers.nats.publisher import NatsPublisher
+from outboxer.brokers.nats.settings import NatsConsumerSettings, NatsSettings
 
 __all__ = [
     "NatsConsumer",

@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import re
 import ssl
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
@@ -45,19 +43,16 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from outboxer.brokers._options import split_options
-from outboxer.brokers.nats.publisher import NatsSettings
+from outboxer.brokers.nats.settings import NatsConsumerSettings
 from outboxer.brokers.nats.wire import decode
-from outboxer.config import Backoff
 from outboxer.errors import BrokerUnavailable, ConfigurationError
 from outboxer.inbox.consumer import Deliver
-from outboxer.inbox.inbox import ConsumerStopping, validate_consumer_name
+from outboxer.inbox.inbox import ConsumerStopping
 
-__all__ = ["NatsConsumer", "NatsConsumerSettings", "durable_name"]
+__all__ = ["NatsConsumer", "durable_name"]
 
 log = logging.getLogger("outboxer.consumer.nats")
 
-_OPTIONS = ("ack_wait", "max_ack_pending")
 #: How long one fetch waits for the first message: the longest delay before a stop is noticed.
 _FETCH_SECONDS = 1.0
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -67,59 +62,6 @@ def durable_name(consumer: str, subject: str) -> str:
     """The durable consumer of ``consumer`` for ``subject`` (NATS forbids ``.``, ``*``, ``>``
     and whitespace in names)."""
     return _NAME_UNSAFE.sub("_", f"{consumer}_{subject}")
-
-
-@dataclass(frozen=True, slots=True)
-class NatsConsumerSettings:
-    """Durable pull consumers for one inbox consumer.
-
-    Attributes:
-        connection: Servers, credentials and TLS, parsed like the publisher's URL.
-        name: The consumer name (durable names are derived from it, see :func:`durable_name`).
-        topics: Subjects; each must be captured by a stream.
-        batch_size: Messages fetched and acknowledged together.
-        ack_wait: Seconds before an unacknowledged message is delivered again.
-        max_ack_pending: Unacknowledged messages at once (0: twice the batch).
-        reconnect: Pause between first-connection attempts while NATS is unreachable.
-    """
-
-    connection: NatsSettings
-    name: str
-    topics: tuple[str, ...]
-    batch_size: int = 100
-    ack_wait: float = 30.0
-    max_ack_pending: int = 0
-    reconnect: Backoff = dataclasses.field(
-        default_factory=lambda: Backoff(base=1.0, factor=2.0, cap=30.0)
-    )
-
-    def __post_init__(self) -> None:
-        validate_consumer_name(self.name)
-        if not self.topics:
-            raise ConfigurationError("NATS consumer: at least one subject is required")
-        if self.ack_wait <= 0 or self.max_ack_pending < 0:
-            raise ConfigurationError("NATS URL: ack_wait must be positive, max_ack_pending >= 0")
-
-    @classmethod
-    def from_url(
-        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
-    ) -> NatsConsumerSettings:
-        rest, options = split_options(url, _OPTIONS)
-        try:
-            ack_wait = float(options.get("ack_wait", "30"))
-            max_ack_pending = int(options.get("max_ack_pending", "0"))
-        except ValueError:
-            raise ConfigurationError(
-                "NATS URL: ack_wait must be a number of seconds, max_ack_pending a whole number"
-            ) from None
-        return cls(
-            connection=NatsSettings.from_url(rest),
-            name=name,
-            topics=tuple(topics),
-            batch_size=batch_size,
-            ack_wait=ack_wait,
-            max_ack_pending=max_ack_pending,
-        )
 
 
 class NatsConsumer:

@@ -74,15 +74,14 @@ import logging
 import re
 import ssl
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, unquote
 
 from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from outboxer.brokers.nats import wire
+from outboxer.brokers.nats.settings import NatsSettings
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -92,11 +91,9 @@ from outboxer.errors import (
 )
 from outboxer.message import Message
 
-__all__ = ["NatsPublisher", "NatsSettings"]
+__all__ = ["NatsPublisher"]
 
 log = logging.getLogger("outboxer.publisher.nats")
-
-DEFAULT_PORT = 4222
 
 # JetStream error codes (nats-server errors.json) that no retry can fix.
 _PERMANENT_ERR_CODES = frozenset(
@@ -121,121 +118,6 @@ _SUBJECT_WHITESPACE = re.compile(r"[\s]")
 # "NATS/1.0\r\n" + final "\r\n", and ": " + "\r\n" per header line.
 _HEADER_BLOCK_OVERHEAD = 12
 _HEADER_LINE_OVERHEAD = 4
-
-
-@dataclass(frozen=True, slots=True)
-class NatsSettings:
-    """How :class:`NatsPublisher` connects and publishes.
-
-    Attributes:
-        servers: ``nats://host:port`` entries without credentials.
-        user: User name, or ``None``.
-        password: Password for ``user``; never logged or shown in errors.
-        token: Authentication token (``nats://token@host``); never logged or shown in errors.
-        source: CloudEvents ``source`` attribute of every message.
-        ack_timeout: Seconds one ``publish()`` call waits for all its PubAcks (including the time
-            spent waiting for room in the window) before reporting the rest as broker-down.
-        connect_timeout: Seconds one connection attempt may take.
-        max_pending: Un-acknowledged messages in flight per publisher, across concurrent calls.
-        name: Client name shown by ``nats server report connections``.
-        tls_ca_file: CA bundle to verify a TLS server with (a private CA). Without it a server
-            that requires TLS is verified against the system CAs.
-    """
-
-    servers: tuple[str, ...] = (f"nats://127.0.0.1:{DEFAULT_PORT}",)
-    user: str | None = None
-    password: str | None = None
-    token: str | None = None
-    source: str = "outboxer"
-    ack_timeout: float = 5.0
-    connect_timeout: float = 2.0
-    max_pending: int = 4096
-    name: str = "outboxer"
-    tls_ca_file: str | None = None
-
-    @classmethod
-    def from_url(cls, url: str) -> NatsSettings:
-        """Settings from ``nats://[user:pass@|token@]host:port[,host:port][?option=...]``."""
-        return _parse_url(url)
-
-    def __post_init__(self) -> None:
-        if not self.servers:
-            raise ConfigurationError("NATS: at least one server is required")
-        if self.ack_timeout <= 0 or self.connect_timeout <= 0:
-            raise ConfigurationError("NATS: ack_timeout and connect_timeout must be positive")
-        if self.max_pending < 1:
-            raise ConfigurationError("NATS: max_pending must be at least 1")
-        if not self.source:
-            raise ConfigurationError("NATS: source must not be empty")
-
-    def describe(self) -> str:
-        """The servers, for logs and errors (credentials are never part of it)."""
-        return ",".join(s.removeprefix("nats://") for s in self.servers)
-
-
-_INT_OPTIONS = {"max_pending"}
-_FLOAT_OPTIONS = {"ack_timeout", "connect_timeout"}
-_STR_OPTIONS = {"source", "name", "tls_ca_file"}
-
-
-def _parse_url(url: str) -> NatsSettings:
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() != "nats":
-        raise ConfigurationError("NATS broker URL must start with nats://")
-    rest, _, fragment = rest.partition("#")
-    rest, _, query = rest.partition("?")
-    netloc, _, path = rest.partition("/")
-    if path or fragment:
-        raise ConfigurationError("NATS broker URL takes no path: use nats://host:port")
-    userinfo, at, hosts = netloc.rpartition("@")
-    user = password = token = None
-    if at:
-        name, colon, secret = userinfo.partition(":")
-        if colon:
-            user, password = unquote(name), unquote(secret)
-        else:
-            token = unquote(name)
-    servers = []
-    for entry in hosts.split(","):
-        host, port = _host_port(entry.strip())
-        servers.append(f"nats://{host}:{port}")
-    options: dict[str, Any] = {}
-    known = _INT_OPTIONS | _FLOAT_OPTIONS | _STR_OPTIONS
-    for option, value in parse_qsl(query, keep_blank_values=True):
-        if option not in known:
-            raise ConfigurationError(
-                f"NATS broker URL: unknown option {option!r} (known: {', '.join(sorted(known))})"
-            )
-        try:
-            if option in _INT_OPTIONS:
-                options[option] = int(value)
-            elif option in _FLOAT_OPTIONS:
-                options[option] = float(value)
-            else:
-                options[option] = value
-        except ValueError:
-            raise ConfigurationError(
-                f"NATS broker URL: option {option}={value!r} is not a number"
-            ) from None
-    return NatsSettings(
-        servers=tuple(servers), user=user, password=password, token=token, **options
-    )
-
-
-def _host_port(entry: str) -> tuple[str, int]:
-    if entry.startswith("["):  # [::1]:4222
-        host, _, port_text = entry[1:].partition("]")
-        port_text = port_text.removeprefix(":")
-        host = f"[{host}]"
-    else:
-        host, _, port_text = entry.partition(":")
-    if not host or host == "[]":
-        raise ConfigurationError("NATS broker URL: a server has no host (nats://host:port)")
-    if not port_text:
-        return host, DEFAULT_PORT
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ConfigurationError(f"NATS broker URL: port {port_text!r} of {host} is not valid")
-    return host, int(port_text)
 
 
 def _subject_problem(subject: str) -> str | None:
