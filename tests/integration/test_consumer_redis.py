@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 from redis.asyncio import Redis
 
-from outboxer.brokers.redis.consumer import RedisConsumerSettings
+from outboxer.brokers.redis import RedisConsumerSettings
 from outboxer.brokers.redis.publisher import RedisPublisher
 from outboxer.message import Message
 from tests.conftest import require_service

@@ -20,7 +20,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from outboxer.brokers import publisher_from_url
-from outboxer.brokers.redis.publisher import RedisPublisher, RedisSettings
+from outboxer.brokers.redis import RedisPublisher, RedisSettings
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -349,7 +349,7 @@ def test_publisher_from_url_picks_the_redis_adapter() -> None:
         ("rediss://:topsecret@host/0?ssl_cert_reqs=maybe", "ssl_cert_reqs='maybe'"),
         ("redis://:topsecret@host:70000/0", "port"),
         ("redis://:topsecret@host/0?client_name=my%20relay", "client_name must not contain"),
-        ("http://:topsecret@host/0", "not a Redis URL"),
+        ("http://:topsecret@host/0", "scheme http:// is not accepted"),
     ],
 )
 def test_bad_urls_get_one_readable_line_without_the_password(url: str, complaint: str) -> None:

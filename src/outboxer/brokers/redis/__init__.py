@@ -1,7 +1,8 @@
-"""The redis broker: settings, wire format (:mod:`.wire`), publisher and consumer."""
+"""The Redis Streams broker: settings, wire format (:mod:`.wire`), publisher and consumer."""
 
-from outboxer.brokers.redis.consumer import RedisConsumer, RedisConsumerSettings
-from outboxer.brokers.redis.publisher import RedisPublisher, RedisSettings
+from outboxer.brokers.redis.consumer import RedisConsumer
+from outboxer.brokers.redis.publisher import RedisPublisher
+from outboxer.brokers.redis.settings import RedisConsumerSettings, RedisSettings
 
 __all__ = [
     "RedisConsumer",

@@ -33,15 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import socket
-import ssl
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
@@ -49,79 +46,18 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from outboxer.brokers._options import split_options
-from outboxer.brokers.redis.publisher import RedisSettings
+from outboxer.brokers.redis.settings import RedisConsumerSettings
 from outboxer.brokers.redis.wire import decode
-from outboxer.config import Backoff
-from outboxer.errors import ConfigurationError
 from outboxer.inbox.consumer import Deliver
-from outboxer.inbox.inbox import ConsumerStopping, validate_consumer_name
+from outboxer.inbox.inbox import ConsumerStopping
 from outboxer.message import Message
 
-__all__ = ["RedisConsumer", "RedisConsumerSettings"]
+__all__ = ["RedisConsumer"]
 
 log = logging.getLogger("outboxer.consumer.redis")
 
-_OPTIONS = ("claim_idle", "block")
-_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 #: Members idle this long with nothing pending are removed from the group.
 _FORGET_IDLE_MS = 3_600_000
-
-
-@dataclass(frozen=True, slots=True)
-class RedisConsumerSettings:
-    """A consumer group member.
-
-    Attributes:
-        connection: Server, db, credentials and TLS, parsed like the publisher's URL.
-        group: The consumer group (the consumer name).
-        topics: Streams to read.
-        batch_size: Entries read and acknowledged together.
-        claim_idle: Seconds before another member's unacknowledged entry is reclaimed.
-        block: Seconds one read waits for new entries.
-        reconnect: Pause between attempts while Redis is unreachable.
-    """
-
-    connection: RedisSettings
-    group: str
-    topics: tuple[str, ...]
-    batch_size: int = 100
-    claim_idle: float = 30.0
-    block: float = 1.0
-    reconnect: Backoff = dataclasses.field(
-        default_factory=lambda: Backoff(base=1.0, factor=2.0, cap=30.0)
-    )
-
-    def __post_init__(self) -> None:
-        validate_consumer_name(self.group)
-        if not self.topics:
-            raise ConfigurationError("Redis consumer: at least one stream is required")
-        if self.claim_idle <= 0:
-            raise ConfigurationError("redis URL: claim_idle must be a positive number of seconds")
-        if not 0 < self.block < self.connection.socket_timeout:
-            raise ConfigurationError(
-                "redis URL: block must be positive and below socket_timeout "
-                f"({self.connection.socket_timeout:g} s)"
-            )
-
-    @classmethod
-    def from_url(
-        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
-    ) -> RedisConsumerSettings:
-        rest, options = split_options(url, _OPTIONS)
-        try:
-            claim_idle = float(options.get("claim_idle", "30"))
-            block = float(options.get("block", "1"))
-        except ValueError:
-            raise ConfigurationError("redis URL: claim_idle and block are seconds") from None
-        return cls(
-            connection=RedisSettings.from_url(rest),
-            group=name,
-            topics=tuple(topics),
-            batch_size=batch_size,
-            claim_idle=claim_idle,
-            block=block,
-        )
 
 
 class RedisConsumer:
@@ -147,25 +83,7 @@ class RedisConsumer:
 
     async def __aenter__(self) -> RedisConsumer:
         settings = self.settings.connection
-        tls: dict[str, Any] = {}
-        if settings.tls:
-            tls = {
-                "ssl": True,
-                "ssl_ca_certs": settings.ssl_ca_certs,
-                "ssl_cert_reqs": _CERT_REQS[settings.ssl_cert_reqs],
-            }
-        self._client = Redis(
-            host=settings.host,
-            port=settings.port,
-            db=settings.db,
-            username=settings.username,
-            password=settings.password,
-            client_name=settings.client_name,
-            socket_connect_timeout=settings.connect_timeout,
-            socket_timeout=settings.socket_timeout,
-            socket_keepalive=True,
-            **tls,
-        )
+        self._client = Redis(**settings.connection_arguments(), ssl=settings.tls)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -74,13 +74,9 @@ Passwords never appear in ``repr``, log lines or error messages (see
 from __future__ import annotations
 
 import contextlib
-import ssl
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
-from redis.asyncio import BlockingConnectionPool, Redis, SSLConnection
+from redis.asyncio import BlockingConnectionPool, Connection, Redis, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import (
@@ -94,31 +90,18 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from outboxer.brokers._options import QueryOptions
+from outboxer import urls
 from outboxer.brokers.redis import wire
+from outboxer.brokers.redis.settings import RedisSettings
 from outboxer.errors import (
     BrokerUnavailable,
-    ConfigurationError,
     PermanentPublishError,
     PublishError,
     RetryablePublishError,
 )
 from outboxer.message import Message
 
-__all__ = ["RedisPublisher", "RedisSettings"]
-
-DEFAULT_PORT = 6379
-
-_QUERY_PARAMETERS = (
-    "maxlen",
-    "connect_timeout",
-    "socket_timeout",
-    "max_connections",
-    "client_name",
-    "ssl_ca_certs",
-    "ssl_cert_reqs",
-)
-_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+__all__ = ["RedisPublisher"]
 
 #: Error reply codes that describe the server, not the message: back off as a whole.
 _BROKER_WIDE_CODES = frozenset(
@@ -128,133 +111,6 @@ _BROKER_WIDE_ERRORS = (ReadOnlyError, OutOfMemoryError, ClusterDownError, TryAga
 #: Error reply codes that can never succeed for this message's stream.
 _PERMANENT_CODES = frozenset({"WRONGTYPE", "NOPERM", "MOVED", "ASK", "CROSSSLOT"})
 _PERMANENT_ERRORS = (NoPermissionError, AskError, ClusterCrossSlotError)
-
-
-@dataclass(frozen=True, slots=True)
-class RedisSettings:
-    """Where and how to connect, parsed from a ``redis://`` or ``rediss://`` URL.
-
-    Build one with :meth:`from_url` and adjust it with :func:`dataclasses.replace`.
-
-    Attributes:
-        host: Server host name or address.
-        port: Server port.
-        db: Database number (``SELECT``); streams live in it.
-        username: ACL user (Redis 6+), or None for the default user.
-        password: Password; never shown by ``repr`` or in errors.
-        tls: Connect with TLS (``rediss://``).
-        maxlen: Trim each stream to about this many entries on every ``XADD``; None keeps all.
-        connect_timeout: Seconds to open a connection (TCP, TLS and handshake).
-        socket_timeout: Seconds to wait for a pipeline's replies before the broker counts as
-            unavailable.
-        max_connections: Pooled connections; one per concurrent ``publish`` call.
-        client_name: ``CLIENT SETNAME`` value, so operators can spot the relay in ``CLIENT LIST``.
-        ssl_ca_certs: CA bundle that signs the server certificate (TLS only).
-        ssl_cert_reqs: Server certificate check: ``required``, ``optional`` or ``none``.
-    """
-
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    db: int = 0
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    tls: bool = False
-    maxlen: int | None = None
-    connect_timeout: float = 5.0
-    socket_timeout: float = 5.0
-    max_connections: int = 16
-    client_name: str | None = "outboxer"
-    ssl_ca_certs: str | None = None
-    ssl_cert_reqs: str = "required"
-
-    def __post_init__(self) -> None:
-        if not self.host:
-            raise ConfigurationError("redis URL: a host is required, e.g. redis://127.0.0.1:6379/0")
-        if not 0 < self.port < 65536:
-            raise ConfigurationError(f"redis URL: port {self.port} is out of range")
-        if self.db < 0:
-            raise ConfigurationError(f"redis URL: database number {self.db} must be >= 0")
-        if self.maxlen is not None and self.maxlen < 1:
-            raise ConfigurationError(f"redis URL: maxlen={self.maxlen} must be a positive integer")
-        for name in ("connect_timeout", "socket_timeout"):
-            if not getattr(self, name) > 0:
-                raise ConfigurationError(f"redis URL: {name} must be a positive number of seconds")
-        if self.max_connections < 1:
-            raise ConfigurationError("redis URL: max_connections must be at least 1")
-        if self.client_name is not None and (
-            not self.client_name.isprintable() or " " in self.client_name
-        ):
-            # Redis refuses such a name in CLIENT SETNAME, which would fail every connection.
-            raise ConfigurationError("redis URL: client_name must not contain spaces")
-        if self.ssl_cert_reqs not in _CERT_REQS:
-            raise ConfigurationError(
-                f"redis URL: ssl_cert_reqs={self.ssl_cert_reqs!r}: use required, optional or none"
-            )
-        if not self.tls and self.ssl_ca_certs is not None:
-            raise ConfigurationError("redis URL: ssl_ca_certs needs a rediss:// (TLS) URL")
-
-    @classmethod
-    def from_url(cls, url: str) -> RedisSettings:
-        """Parse ``redis://[[user]:password@]host[:port][/db][?options]`` (or ``rediss://``).
-
-        Raises:
-            ConfigurationError: one readable line naming the problem; the password is never
-                part of it.
-        """
-        parts = urlsplit(url)
-        scheme = parts.scheme.lower()
-        if scheme not in ("redis", "rediss"):
-            raise ConfigurationError(
-                f"not a Redis URL (scheme {scheme or 'missing'}): use redis:// or rediss://"
-            )
-        try:
-            port = parts.port
-        except ValueError:
-            raise ConfigurationError(
-                "redis URL: the port must be a number from 1 to 65535"
-            ) from None
-        path = parts.path.strip("/")
-        if path and not path.isdigit():
-            raise ConfigurationError(
-                f"redis URL: the path must be a database number such as /0, not /{path}"
-            )
-        if parts.fragment:
-            raise ConfigurationError("redis URL: a #fragment is not allowed")
-        query = parse_qs(parts.query, keep_blank_values=True)
-        unknown = sorted(set(query) - set(_QUERY_PARAMETERS))
-        if unknown:
-            raise ConfigurationError(
-                f"redis URL: unknown option {unknown[0]!r}; known options: "
-                + ", ".join(_QUERY_PARAMETERS)
-            )
-        options: dict[str, str] = {}
-        for name, values in query.items():
-            if len(values) > 1:
-                raise ConfigurationError(f"redis URL: option {name!r} is given more than once")
-            options[name] = values[0]
-        read = QueryOptions("redis URL", options)
-        return cls(
-            host=parts.hostname or "",
-            port=port or DEFAULT_PORT,
-            db=int(path) if path else 0,
-            username=unquote(parts.username) if parts.username else None,
-            password=unquote(parts.password) if parts.password is not None else None,
-            tls=scheme == "rediss",
-            maxlen=read.int("maxlen"),
-            connect_timeout=read.float("connect_timeout", 5.0),
-            socket_timeout=read.float("socket_timeout", 5.0),
-            max_connections=read.int("max_connections", 16),
-            client_name=options.get("client_name", "outboxer") or None,
-            ssl_ca_certs=options.get("ssl_ca_certs") or None,
-            ssl_cert_reqs=options.get("ssl_cert_reqs", "required"),
-        )
-
-    def safe_url(self) -> str:
-        """The server's URL for log lines and errors: the password is replaced by ``***``."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        user = self.username or ""
-        credentials = f"{user}:***@" if self.password is not None else (f"{user}@" if user else "")
-        return f"{'rediss' if self.tls else 'redis'}://{credentials}{host}:{self.port}/{self.db}"
 
 
 class RedisPublisher:
@@ -293,30 +149,15 @@ class RedisPublisher:
         if self._client is not None:
             return self  # already open: entering twice must not leak the first pool
         settings = self.settings
-        tls: dict[str, Any] = {}
-        if settings.tls:
-            tls = {
-                "connection_class": SSLConnection,
-                "ssl_ca_certs": settings.ssl_ca_certs,
-                "ssl_cert_reqs": _CERT_REQS[settings.ssl_cert_reqs],
-            }
         pool = BlockingConnectionPool(
-            host=settings.host,
-            port=settings.port,
-            db=settings.db,
-            username=settings.username,
-            password=settings.password,
-            client_name=settings.client_name,
-            socket_connect_timeout=settings.connect_timeout,
-            socket_timeout=settings.socket_timeout,
-            socket_keepalive=True,
+            **settings.connection_arguments(),
+            connection_class=SSLConnection if settings.tls else Connection,
             # No retries inside redis-py: one connection attempt per publish call, the relay
             # backs off between calls (redis-py's default would retry 10 times per command).
             retry=Retry(NoBackoff(), 0),
             max_connections=settings.max_connections,
             # Waiting for a free pooled connection is bounded by how long a busy one can take.
             timeout=settings.connect_timeout + settings.socket_timeout,
-            **tls,
         )
         self._client = Redis.from_pool(pool)  # the client owns the pool and closes it
         return self
@@ -387,9 +228,9 @@ class RedisPublisher:
         if code and not text.startswith(code):
             text = f"{code} {text}"  # redis-py strips known codes (READONLY, NOPERM...)
         password = self.settings.password
-        if password:
-            text = text.replace(password, "***")
-        return f"{type(exc).__name__}: {text}"
+        if password:  # a driver may echo the bare password, which no URL pattern finds
+            text = text.replace(password, urls.MASK)
+        return f"{type(exc).__name__}: {urls.redact(text)}"
 
     async def _drop_idle_connections(self) -> None:
         """Close idle pooled connections so that the next call connects afresh."""
