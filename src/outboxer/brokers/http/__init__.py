@@ -1,6 +1,7 @@
 """HTTP webhooks: settings, wire format (:mod:`.wire`) and publisher (no consumer)."""
 
-from outboxer.brokers.http.publisher import HttpPublisher, HttpSettings
+from outboxer.brokers.http.publisher import HttpPublisher
+from outboxer.brokers.http.settings import HttpSettings
 
 __all__ = ["HttpPublisher", "HttpSettings", "publisher_from_url"]
 

@@ -93,18 +93,16 @@ appear in reprs, logs or error messages; errors name the endpoint as ``scheme://
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any
-from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 import httpx
 
 from outboxer.brokers.http import wire
+from outboxer.brokers.http.settings import HttpSettings
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -114,171 +112,14 @@ from outboxer.errors import (
 )
 from outboxer.message import Message
 
-__all__ = ["HttpPublisher", "HttpSettings"]
+__all__ = ["HttpPublisher"]
 
-_OPTION_PREFIX = "outboxer_"
-_OPTIONS = ("concurrency", "timeout", "connect_timeout", "source")
-
-#: Headers a message may not set: CloudEvents attributes and the signature are outboxer's, the
-#: rest frame the HTTP/1.1 message or the connection and belong to the client library.
-_RESERVED = frozenset(
-    {
-        "content-type",
-        "content-length",
-        "content-encoding",
-        "transfer-encoding",
-        "host",
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "upgrade",
-        "expect",
-        "webhook-signature",
-    }
-)
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_PRINTABLE = re.compile(r"[\t\x20-\x7e]*")
 _EXCERPT = 200
 #: Connections per httpx pool. httpcore walks every connection of its pool (one readability
 #: check per idle connection) each time it assigns a request, so a single pool of 64
 #: connections costs O(64) per request and ran ~4x slower here than small pools sharing the
 #: same number of connections (see docs/brokers/http.md, "Throughput").
 _POOL_SIZE = 4
-
-
-def _pick(
-    name: str, explicit: float | None, options: Mapping[str, str], default: float
-) -> str | float:
-    """A keyword argument if given, else the URL option of the same name, else the default."""
-    return explicit if explicit is not None else options.get(name, default)
-
-
-def _positive(name: str, raw: str | float, kind: type[int] | type[float]) -> Any:
-    try:
-        value = kind(raw)
-    except (TypeError, ValueError):
-        raise ConfigurationError(
-            f"HTTP publisher: {name} must be a positive {kind.__name__}, got {raw!r}"
-        ) from None
-    if not value > 0:
-        raise ConfigurationError(f"HTTP publisher: {name} must be positive, got {raw!r}")
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class HttpSettings:
-    """Validated settings of an :class:`HttpPublisher`.
-
-    Attributes:
-        endpoint: The URL to POST to, ``outboxer_*`` options removed; may contain ``{topic}``.
-            Not shown in ``repr`` (it may carry credentials); see :attr:`display_endpoint`.
-        secret: HMAC-SHA256 key for the ``webhook-signature`` header; ``None`` sends none.
-        source: The CloudEvents ``source`` attribute.
-        concurrency: Requests in flight at once, and the size of the connection pool.
-        timeout: Seconds to wait for a response (read) or to send a request (write).
-        connect_timeout: Seconds to establish a connection (TCP and TLS).
-        headers: Static headers sent with every request (e.g. ``Authorization``); hidden from
-            ``repr`` and reserved against message headers.
-        verify: TLS verification: ``True`` (system/certifi CAs), ``False``, a CA bundle file or
-            directory, or an ``ssl.SSLContext`` (e.g. with a client certificate for mTLS).
-    """
-
-    endpoint: str = field(repr=False)
-    secret: bytes | None = field(default=None, repr=False)
-    source: str = "outboxer"
-    concurrency: int = 64
-    timeout: float = 10.0
-    connect_timeout: float = 5.0
-    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
-    verify: bool | str | ssl.SSLContext = True
-
-    @property
-    def display_endpoint(self) -> str:
-        """The endpoint without user info and query string, safe to log."""
-        return _display(self.endpoint)
-
-
-def _display(url: str) -> str:
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{host}:{parts.port}" if parts.port is not None else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "..." if parts.query else "", ""))
-
-
-def _split_options(url: str) -> tuple[str, dict[str, str]]:
-    """Validate an http(s) URL; return it without ``outboxer_*`` parameters, and those."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a malformed port
-    except ValueError as exc:
-        raise ConfigurationError(f"HTTP publisher: invalid URL ({exc})") from None
-    if parts.scheme.lower() not in ("http", "https"):
-        raise ConfigurationError(
-            f"HTTP publisher: URL must start with http:// or https://, got {parts.scheme!r}"
-        )
-    if not parts.hostname:
-        raise ConfigurationError(
-            f"HTTP publisher: URL has no host: {_display(url)!r}; expected "
-            "http(s)://host[:port]/path"
-        )
-    kept: list[str] = []
-    options: dict[str, str] = {}
-    for item in parts.query.split("&") if parts.query else ():
-        name = item.partition("=")[0]
-        if not name.lower().startswith(_OPTION_PREFIX):
-            kept.append(item)  # the receiver's own parameters, byte for byte
-            continue
-        [(name, value)] = parse_qsl(item, keep_blank_values=True) or [(name, "")]
-        option = name[len(_OPTION_PREFIX) :].lower()
-        if option == "secret":
-            raise ConfigurationError(
-                "HTTP publisher: the signing secret is not taken from the URL (URLs get "
-                "logged); pass secret= or set OUTBOXER_WEBHOOK_SECRET"
-            )
-        if option not in _OPTIONS:
-            raise ConfigurationError(
-                f"HTTP publisher: unknown URL option {name!r}; known: "
-                + ", ".join(_OPTION_PREFIX + o for o in _OPTIONS)
-            )
-        options[option] = value
-    endpoint = urlunsplit(
-        (parts.scheme, parts.netloc, parts.path or "/", "&".join(kept), parts.fragment)
-    )
-    return endpoint, options
-
-
-def _check_static_headers(headers: Mapping[str, str] | None) -> Mapping[str, str]:
-    checked: dict[str, str] = {}
-    for name, value in (headers or {}).items():
-        if not isinstance(name, str) or _TOKEN.fullmatch(name) is None:
-            raise ConfigurationError(f"HTTP publisher: invalid header name {name!r}")
-        lowered = name.lower()
-        if lowered in _RESERVED or lowered.startswith("ce-"):
-            raise ConfigurationError(
-                f"HTTP publisher: header {name!r} is set by outboxer and cannot be configured"
-            )
-        if not isinstance(value, str) or _PRINTABLE.fullmatch(value) is None:
-            raise ConfigurationError(
-                f"HTTP publisher: the value of header {name!r} must be printable ASCII"
-            )
-        checked[name] = value
-    return MappingProxyType(checked)
-
-
-def _header_problem(name: str, value: str, reserved: frozenset[str]) -> str | None:
-    """Why a message header cannot be sent, or ``None`` when it can."""
-    if _TOKEN.fullmatch(name) is None:
-        return f"header name {name!r} is not a valid HTTP token"
-    lowered = name.lower()
-    if lowered in reserved or lowered.startswith("ce-"):
-        return f"header {name!r} is reserved (CloudEvents, signature or HTTP framing)"
-    if _PRINTABLE.fullmatch(value) is None:
-        return f"the value of header {name!r} is not printable ASCII"
-    return None
 
 
 class HttpPublisher:
@@ -313,31 +154,17 @@ class HttpPublisher:
         headers: Mapping[str, str] | None = None,
         verify: bool | str | ssl.SSLContext = True,
     ) -> None:
-        endpoint, options = _split_options(url)
-        source = source if source is not None else options.get("source", "outboxer")
-        if not source:
-            raise ConfigurationError("HTTP publisher: source must not be empty")
-        if isinstance(secret, str):
-            secret = secret.encode()
-        if secret is not None and not secret:
-            raise ConfigurationError("HTTP publisher: secret must not be empty")
-        self.settings = HttpSettings(
-            endpoint=endpoint,
-            secret=secret,
+        self.settings = HttpSettings.from_url(
+            url,
+            secret=secret.encode() if isinstance(secret, str) else secret,
             source=source,
-            concurrency=_positive(
-                "concurrency", _pick("concurrency", concurrency, options, 64), int
-            ),
-            timeout=_positive("timeout", _pick("timeout", timeout, options, 10.0), float),
-            connect_timeout=_positive(
-                "connect_timeout",
-                _pick("connect_timeout", connect_timeout, options, 5.0),
-                float,
-            ),
-            headers=_check_static_headers(headers),
+            concurrency=concurrency,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            headers=headers or {},
             verify=verify,
         )
-        self._reserved = _RESERVED | {n.lower() for n in self.settings.headers}
+        self._reserved = wire.RESERVED_HEADERS | {n.lower() for n in self.settings.headers}
         try:
             self._tls = _ssl_context(verify)  # built once, shared by every pool
         except (OSError, ssl.SSLError) as exc:
@@ -345,7 +172,7 @@ class HttpPublisher:
                 f"HTTP publisher: cannot load the TLS CA certificates from verify=: {exc}"
             ) from None
         self._source = wire.ce_value(self.settings.source)
-        self._templated = "{topic}" in endpoint
+        self._templated = "{topic}" in self.settings.endpoint
         self._urls: dict[str, httpx.URL] = {}
         # The in-flight window: one slot per allowed request, each slot naming the client (a
         # small keep-alive pool) to send it with. Shared by concurrent publish calls, and as
@@ -468,7 +295,7 @@ class HttpPublisher:
     def _headers(self, message: Message) -> dict[str, str] | PermanentPublishError:
         headers = wire.headers(message, self._source, self.settings.secret)
         for name, value in message.headers.items():
-            problem = _header_problem(name, value, self._reserved)
+            problem = wire.header_problem(name, value, self._reserved)
             if problem is not None:
                 return PermanentPublishError(f"not sent: {problem}")
             headers[name] = value

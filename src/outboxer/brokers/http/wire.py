@@ -24,17 +24,63 @@ from outboxer.brokers.cloudevents import (
 )
 from outboxer.message import OCTET_STREAM, Message
 
-__all__ = ["SIGNATURE", "ce_value", "decode", "headers", "signature"]
+__all__ = [
+    "RESERVED_HEADERS",
+    "SIGNATURE",
+    "ce_value",
+    "decode",
+    "header_problem",
+    "headers",
+    "signature",
+]
 
 #: The header carrying ``sha256=<hex HMAC-SHA256(secret, ce-id + "." + ce-time + "." + body)>``.
 SIGNATURE = "webhook-signature"
 
+#: Headers a message may not set: CloudEvents attributes and the signature are outboxer's, the
+#: rest frame the HTTP/1.1 message or the connection and belong to the client library.
+RESERVED_HEADERS = frozenset(
+    {
+        "content-type",
+        "content-length",
+        "content-encoding",
+        "transfer-encoding",
+        "host",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+        SIGNATURE,
+    }
+)
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_PRINTABLE = re.compile(r"[\t\x20-\x7e]*")
 #: CloudEvents HTTP binding 3.1.3.2: percent-encode space, '"', '%' and non-printable ASCII.
 _CE_UNSAFE = re.compile(r'[^\x21-\x7e]|["%]')
 #: Request headers that are HTTP framing or the client's, never a message header.
 _NOT_USER = frozenset(
     {"host", "content-length", "user-agent", "accept", "accept-encoding", "connection", SIGNATURE}
 )
+
+
+def header_problem(
+    name: str, value: str, reserved: frozenset[str] = RESERVED_HEADERS
+) -> str | None:
+    """Why a header cannot be sent (bad name, reserved name, value not printable ASCII), or
+    ``None`` when it can. Every ``ce-*`` name is reserved."""
+    if _TOKEN.fullmatch(name) is None:
+        return f"header name {name!r} is not a valid HTTP token"
+    lowered = name.lower()
+    if lowered in reserved or lowered.startswith("ce-"):
+        return (
+            f"header {name!r} is reserved (set by outboxer: CloudEvents, signature or HTTP framing)"
+        )
+    if _PRINTABLE.fullmatch(value) is None:
+        return f"the value of header {name!r} is not printable ASCII"
+    return None
 
 
 def ce_value(value: str) -> str:

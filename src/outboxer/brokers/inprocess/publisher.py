@@ -22,6 +22,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from outboxer.brokers.inprocess.settings import registry_reference
 from outboxer.errors import (
     BrokerUnavailable,
     PermanentPublishError,
@@ -57,7 +58,7 @@ class InProcessPublisher:
     @classmethod
     def from_url(cls, url: str) -> InProcessPublisher:
         """``inprocess://package.module:registry``."""
-        return cls(load_registry(url.partition("://")[2]))
+        return cls(load_registry(registry_reference(url)))
 
     async def __aenter__(self) -> InProcessPublisher:
         return self
