@@ -244,8 +244,8 @@ async def test_dashboard_inspect_replay_and_delete_change_the_database(
     assert (await pg_store.stats()).pending == before.pending + 1
 
     # Filter the table by topic.
-    await page.fill("#filter input[name=topic]", "payments")
-    await page.click("#filter button[type=submit]")
+    await page.fill("#dead-letters-filter input[name=topic]", "payments")
+    await page.click("#dead-letters-filter button[type=submit]")
     await expect(page.locator("#dead-letters tbody tr")).to_have_count(1)
     assert await row(page, dead_letters[3]).count() == 1
 
@@ -255,8 +255,8 @@ async def test_dashboard_inspect_replay_and_delete_change_the_database(
     for chart in ("#chart-backlog", "#chart-rate", "#chart-age"):
         path = await page.get_attribute(f"{chart} path.series", "d")
         assert path and path.count("L") >= 1, chart
-    await page.fill("#filter input[name=topic]", "")
-    await page.click("#filter button[type=submit]")
+    await page.fill("#dead-letters-filter input[name=topic]", "")
+    await page.click("#dead-letters-filter button[type=submit]")
     await expect(page.locator("#dead-letters tbody tr")).to_have_count(2)
     image = await page.screenshot(path=str(SCREENSHOT), full_page=True)
     assert len(image) > 10_000
@@ -284,6 +284,35 @@ async def test_without_a_token_the_dashboard_reads_but_cannot_replay(
     assert problems == []
     assert server.stop() == 0
     assert "NO ADMIN TOKEN IS SET" in "".join(server.stderr)  # the loud warning
+
+
+async def test_the_dashboard_lists_messages_not_yet_published_with_their_state(
+    serve: Callable[..., Server],
+    dead_letters: list[str],
+    browser: Browser,
+    pg_store: PostgresStore,
+) -> None:
+    server = serve(token=None)  # a read: open without a token
+    page, problems = await open_page(browser, f"{server.url}/?interval=500")
+    rows = page.locator("#messages tbody tr")
+    await expect(rows).to_have_count(2)
+    await expect(page.locator("#messages td.state")).to_have_text(["pending", "pending"])
+
+    await page.select_option("#messages-filter select[name=state]", "in_flight")
+    await page.click("#messages-filter button[type=submit]")
+    await expect(rows).to_have_count(0)
+    await page.locator("#no-messages").wait_for(state="visible")
+
+    # A relay leases one: the next poll shows it in flight, with the relay holding it.
+    claim = await pg_store.claim_batch(
+        limit=1, lease_seconds=60, ordered=False, relay_id="relay-demo-1"
+    )
+    [leased] = claim.messages
+    await expect(rows).to_have_count(1)
+    text = await rows.first.inner_text()
+    assert leased.id in text and "in flight" in text and "relay-demo-1" in text
+    assert problems == []
+    assert server.stop() == 0
 
 
 async def test_serve_answers_the_api_with_the_token_and_stops_cleanly_on_sigterm(

@@ -12,8 +12,6 @@
   const history = []; // {t, pending, rate, age}
   let previous = null; // last stats sample, for the rate
   let deadLetterCount = null;
-  let cursor = null;
-  let filter = {};
   let selected = null;
 
   // -- API -------------------------------------------------------------------------------------
@@ -241,10 +239,11 @@
     }
     $("updated").textContent = "updated " + new Date(t).toLocaleTimeString();
 
-    if (deadLetterCount !== null && deadLetterCount !== stats.dead_letters && cursor === null) {
-      loadDeadLetters(true);
+    if (deadLetterCount !== null && deadLetterCount !== stats.dead_letters && !deadLetters.cursor) {
+      deadLetters.load(true);
     }
     deadLetterCount = stats.dead_letters;
+    if (!messages.cursor) messages.load(true); // the first page moves with the backlog
   }
 
   async function renderReadiness() {
@@ -278,31 +277,66 @@
     }
   }
 
+  // -- paged lists (dead letters, messages) ----------------------------------------------------
+
+  // A table filled page by page from a list endpoint ({items, next_cursor}); its filter form
+  // (text inputs and selects named after the query parameters) replaces the filter on submit.
+  function pagedList(path, name, makeRow) {
+    const list = { cursor: null, filter: {} };
+    const tbody = $(name).querySelector("tbody");
+    list.load = async (reset) => {
+      if (reset) list.cursor = null;
+      const params = new URLSearchParams({ limit: String(PAGE) });
+      for (const [k, v] of Object.entries(list.filter)) params.set(k, v);
+      if (list.cursor) params.set("cursor", list.cursor);
+      let page;
+      try {
+        page = await api(path + "?" + params.toString());
+      } catch (error) {
+        showError(error);
+        return;
+      }
+      if (reset) tbody.replaceChildren();
+      for (const item of page.items) tbody.appendChild(makeRow(item));
+      list.cursor = page.next_cursor;
+      $(name + "-more").hidden = !list.cursor;
+      $("no-" + name).hidden = tbody.children.length > 0;
+    };
+    $(name + "-more").addEventListener("click", () => list.load(false));
+    $(name + "-filter").addEventListener("submit", (event) => {
+      event.preventDefault();
+      list.filter = {};
+      for (const [k, v] of new FormData(event.target)) {
+        const value = String(v).trim();
+        if (value) list.filter[k] = value;
+      }
+      list.load(true);
+    });
+    return list;
+  }
+
+  // -- messages not yet published --------------------------------------------------------------
+
+  const messages = pagedList("api/messages", "messages", (message) => {
+    const row = document.createElement("tr");
+    cell(row, message.id, "id");
+    cell(row, message.topic);
+    cell(row, message.type);
+    cell(row, message.key);
+    const state = cell(row, message.state.replace("_", " "), "state");
+    state.dataset.state = message.state;
+    cell(row, message.attempts);
+    cell(row, message.state === "in_flight" ? "lease until " + when(message.lease_expires_at)
+      : when(message.next_attempt_at), "when");
+    cell(row, message.relay, "id");
+    cell(row, message.last_error, "reason").title = message.last_error || "";
+    return row;
+  });
+
   // -- dead letters ----------------------------------------------------------------------------
 
-  function query() {
-    const params = new URLSearchParams({ limit: String(PAGE) });
-    for (const [k, v] of Object.entries(filter)) if (v) params.set(k, v);
-    if (cursor) params.set("cursor", cursor);
-    return params.toString();
-  }
-
-  async function loadDeadLetters(reset) {
-    if (reset) cursor = null;
-    let page;
-    try {
-      page = await api("api/deadletters?" + query());
-    } catch (error) {
-      showError(error);
-      return;
-    }
-    const tbody = $("dead-letters").querySelector("tbody");
-    if (reset) tbody.replaceChildren();
-    for (const dead of page.items) tbody.appendChild(deadLetterRow(dead));
-    cursor = page.next_cursor;
-    $("more").hidden = !cursor;
-    $("no-dead-letters").hidden = tbody.children.length > 0;
-  }
+  const deadLetters = pagedList("api/deadletters", "dead-letters", deadLetterRow);
+  const loadDeadLetters = deadLetters.load;
 
   function deadLetterRow(dead) {
     const row = document.createElement("tr");
@@ -401,20 +435,9 @@
   $("detail-replay").addEventListener("click", () => selected && replay(selected, $("detail-replay")));
   $("detail-delete").addEventListener("click", () => selected && remove(selected, $("detail-delete")));
   $("detail-close").addEventListener("click", closeDetail);
-  $("more").addEventListener("click", () => loadDeadLetters(false));
-
-  $("filter").addEventListener("submit", (event) => {
-    event.preventDefault();
-    const form = new FormData(event.target);
-    filter = {};
-    for (const name of ["topic", "type", "key"]) {
-      const value = String(form.get(name) || "").trim();
-      if (value) filter[name] = value;
-    }
-    loadDeadLetters(true);
-  });
 
   $("replay-filtered").addEventListener("click", async () => {
+    const filter = deadLetters.filter;
     const body = Object.keys(filter).length ? { ...filter } : { all: true };
     const what = body.all ? "ALL dead letters" : "every dead letter matching " + JSON.stringify(filter);
     if (!confirm("Replay " + what + "?")) return;
