@@ -1,0 +1,148 @@
+"""Bulk writes through the public API: ``enqueue`` per message vs ``enqueue_many``.
+
+One connection commits 10,000 messages (≈120-byte JSON payloads, 1,000 keys, an event type) in
+one transaction, either by calling ``enqueue``/``enqueue_async`` once per message or by one
+``enqueue_many``/``enqueue_many_async`` call; the timed section includes encoding the messages
+and the commit. Synchronous commit on. Variants are interleaved in rounds (best of ``ROUNDS``) so
+that a noisy neighbour hurts all of them alike. Reported: msg/s each way and the ratio.
+Targets (issue "Close to the metal"): ratio ≥ 10 and ``enqueue_many`` ahead of 42k msg/s
+(faststream-outbox's batch insert on this machine kind).
+
+Run: ``.venv/bin/python -m benchmarks.bulk_writes``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import asyncpg
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+import outboxer
+from benchmarks.common import PAYLOAD, PG_URL, fresh_schema, save
+from outboxer.config import TableNames
+from outboxer.stores.postgres import PostgresStore
+
+N = 10_000
+ROUNDS = 3
+
+
+def messages() -> list[dict[str, Any]]:
+    return [
+        {
+            "topic": "orders",
+            "payload": {**PAYLOAD, "order_id": n},
+            "key": str(n % 1000),
+            "type": "OrderCreated",
+        }
+        for n in range(N)
+    ]
+
+
+# Each driver: an async context manager yielding (connection, is_async) inside a transaction
+# that commits when the block ends.
+@contextlib.asynccontextmanager
+async def asyncpg_tx() -> AsyncIterator[tuple[Any, bool]]:
+    conn = await asyncpg.connect(PG_URL)
+    try:
+        async with conn.transaction():
+            yield conn, True
+    finally:
+        await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def psycopg_tx() -> AsyncIterator[tuple[Any, bool]]:
+    with psycopg.connect(PG_URL) as conn, conn.transaction():
+        yield conn, False
+
+
+@contextlib.asynccontextmanager
+async def sqlalchemy_psycopg_tx() -> AsyncIterator[tuple[Any, bool]]:
+    engine = sa.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with Session(engine) as session, session.begin():
+            # the business statement of a real transaction comes first
+            session.execute(sa.text("SELECT 1"))
+            yield session, False
+    finally:
+        engine.dispose()
+
+
+@contextlib.asynccontextmanager
+async def sqlalchemy_asyncpg_tx() -> AsyncIterator[tuple[Any, bool]]:
+    engine = create_async_engine(PG_URL.replace("postgresql://", "postgresql+asyncpg://"))
+    try:
+        async with AsyncSession(engine) as session, session.begin():
+            await session.execute(sa.text("SELECT 1"))
+            yield session, True
+    finally:
+        await engine.dispose()
+
+
+DRIVERS: dict[str, Callable[[], contextlib.AbstractAsyncContextManager[tuple[Any, bool]]]] = {
+    "asyncpg": asyncpg_tx,
+    "psycopg": psycopg_tx,
+    "sqlalchemy_psycopg": sqlalchemy_psycopg_tx,
+    "sqlalchemy_asyncpg": sqlalchemy_asyncpg_tx,
+}
+
+
+async def rate(driver: str, outbox: outboxer.Outbox, bulk: bool) -> float:
+    batch = messages()
+    started = time.perf_counter()
+    async with DRIVERS[driver]() as (conn, is_async):
+        if bulk and is_async:
+            await outbox.enqueue_many_async(conn, batch)
+        elif bulk:
+            outbox.enqueue_many(conn, batch)
+        elif is_async:
+            for message in batch:
+                await outbox.enqueue_async(conn, **message)
+        else:
+            for message in batch:
+                outbox.enqueue(conn, **message)
+    return N / (time.perf_counter() - started)
+
+
+async def main() -> dict[str, Any]:
+    async with fresh_schema("bench_bulk") as schema:
+        async with PostgresStore(PG_URL, TableNames(schema=schema)) as store:
+            await store.migrate()
+        outbox = outboxer.Outbox(schema=schema)
+        truncate = await asyncpg.connect(PG_URL)
+        rates: dict[tuple[str, bool], float] = {}
+        try:
+            for _ in range(ROUNDS):
+                for driver in DRIVERS:
+                    for bulk in (False, True):
+                        measured = await rate(driver, outbox, bulk)
+                        rates[driver, bulk] = max(rates.get((driver, bulk), 0.0), measured)
+                        await truncate.execute(f'TRUNCATE "{schema}".outbox')
+        finally:
+            await truncate.close()
+    result: dict[str, Any] = {"messages": N, "rounds": ROUNDS}
+    for driver in DRIVERS:
+        one, many = rates[driver, False], rates[driver, True]
+        result[driver] = {
+            "enqueue_msg_per_s": round(one),
+            "enqueue_many_msg_per_s": round(many),
+            "ratio": round(many / one, 1),
+        }
+        print(
+            f"{driver:20} enqueue {one:7.0f} msg/s  enqueue_many {many:7.0f} msg/s  "
+            f"×{many / one:.1f}"
+        )
+    save("bulk_writes", result)
+    return result
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
