@@ -184,6 +184,16 @@ def setting(
     return field(default=default, metadata={SETTING: meta})
 
 
+def duration(default: float, *, maximum: float = DAY, zero: bool = False, **more: Any) -> Any:
+    """A :func:`setting` in seconds: above 0 (from 0 with ``zero``) and at most ``maximum``."""
+    return setting(default, minimum=0, above_minimum=not zero, maximum=maximum, **more)
+
+
+def count(default: int, *, minimum: int = 1, maximum: int = 10_000, **more: Any) -> Any:
+    """A whole-number :func:`setting` from ``minimum`` to ``maximum``."""
+    return setting(default, minimum=minimum, maximum=maximum, **more)
+
+
 def check_fields(settings: Any, what: str) -> None:
     """Check every declared field of the dataclass ``settings`` against its :class:`Setting`.
 
@@ -202,9 +212,9 @@ def check_fields(settings: Any, what: str) -> None:
 class Backoff:
     """Exponential backoff: ``base``, ``base*factor``, ... capped at ``cap`` seconds."""
 
-    base: float = setting(5.0, help="first delay (s)", minimum=0, above_minimum=True, maximum=DAY)
+    base: float = duration(5.0, help="first delay (s)")
     factor: float = setting(2.0, help="growth per failure", minimum=1, maximum=100)
-    cap: float = setting(60.0, help="longest delay (s)", minimum=0, above_minimum=True, maximum=DAY)
+    cap: float = duration(60.0, help="longest delay (s)")
 
     def __post_init__(self) -> None:
         check_fields(self, "backoff")
@@ -250,27 +260,22 @@ class RelaySettings:
             ``RelayFailed`` (a bug that restarting does not cure must not run on silently).
     """
 
-    batch_size: int = setting(
-        500, help="Messages claimed per statement.", minimum=1, maximum=10_000
-    )
-    max_in_flight_batches: int = setting(
+    batch_size: int = count(500, help="Messages claimed per statement.")
+    max_in_flight_batches: int = count(
         4,
         help="Batches published at once (duplicates after a crash ≤ window × batch size).",
-        minimum=1,
-        maximum=64,
         option="--window",
+        maximum=64,
     )
     ordered: bool = setting(
         True, help="Give up per-key ordering for throughput.", option="--unordered", negate=True
     )
-    max_attempts: int = setting(
-        3, help="Failed attempts before a message is dead-lettered.", minimum=1, maximum=1000
+    max_attempts: int = count(
+        3, help="Failed attempts before a message is dead-lettered.", maximum=1000
     )
-    lease_seconds: float = setting(
+    lease_seconds: float = duration(
         30.0,
         help="How long a claim is owned before another relay may take it over (s).",
-        minimum=0,
-        above_minimum=True,
         maximum=3600,
     )
     retry: Backoff = setting(
@@ -280,48 +285,30 @@ class RelaySettings:
     outage: Backoff = setting(
         default_factory=Backoff, help="Relay-wide pause while the broker is down, by failed rounds"
     )
-    poll_interval: float = setting(
-        1.0,
-        help="Longest idle wait between claims without a notification (s).",
-        minimum=0,
-        above_minimum=True,
-        maximum=60,
+    poll_interval: float = duration(
+        1.0, help="Longest idle wait between claims without a notification (s).", maximum=60
     )
-    min_poll_interval: float = setting(
-        0.05,
-        help="First idle wait, doubling up to --poll-interval (s).",
-        minimum=0,
-        above_minimum=True,
-        maximum=60,
+    min_poll_interval: float = duration(
+        0.05, help="First idle wait, doubling up to --poll-interval (s).", maximum=60
     )
-    heartbeat_interval: float = setting(
+    heartbeat_interval: float = duration(
         5.0,
         help="How often the relay refreshes its registry row and reaps expired leases (s); "
         "at most a third of the lease.",
-        minimum=0,
-        above_minimum=True,
         maximum=3600,
     )
-    shutdown_timeout: float = setting(
+    shutdown_timeout: float = duration(
         30.0,
         help="On SIGTERM/SIGINT, how long in-flight batches may finish (s).",
-        minimum=0,
+        zero=True,
         maximum=3600,
     )
-    sweep_interval: float = setting(
-        60.0,
-        help="How often one relay of all runs the sweep (s).",
-        minimum=0,
-        above_minimum=True,
-        maximum=DAY,
-    )
-    sweep_batch_size: int = setting(
-        50, help="Rows a sweep handles per kind.", minimum=1, maximum=10_000
-    )
-    dead_letter_retention: float = setting(
+    sweep_interval: float = duration(60.0, help="How often one relay of all runs the sweep (s).")
+    sweep_batch_size: int = count(50, help="Rows a sweep handles per kind.")
+    dead_letter_retention: float = duration(
         30 * DAY,
         help="Seconds dead letters are kept before the sweeper purges them; 0 keeps them.",
-        minimum=0,
+        zero=True,
         maximum=MAX_SECONDS,
     )
     hold_keys_after_dead_letter: bool = setting(
@@ -329,7 +316,7 @@ class RelaySettings:
         help="Ordered mode: keep a key's later messages back while its dead letter is unresolved.",
     )
     relay_id: str | None = setting(None, help="Instance name (default host:pid:random).")
-    max_task_restarts: int = setting(
+    max_task_restarts: int = count(
         5,
         help="Deaths in a row of a background task (heartbeat, sweeper) before the relay stops.",
         minimum=0,
@@ -377,22 +364,16 @@ class AdminSettings:
         option="--admin-token",
         secret=True,
     )
-    ready_max_age: float = setting(
+    ready_max_age: float = duration(
         300.0,
         help="/readyz fails when the oldest pending message is older (s).",
-        minimum=0,
-        above_minimum=True,
         maximum=MAX_SECONDS,
     )
-    ready_min_relays: int = setting(
-        1, help="/readyz fails with fewer live relays (0: do not check).", minimum=0, maximum=10_000
+    ready_min_relays: int = count(
+        1, help="/readyz fails with fewer live relays (0: do not check).", minimum=0
     )
-    stats_timeout: float = setting(
-        5.0,
-        help="Longest wait for the database in /readyz and /metrics (s).",
-        minimum=0,
-        above_minimum=True,
-        maximum=3600,
+    stats_timeout: float = duration(
+        5.0, help="Longest wait for the database in /readyz and /metrics (s).", maximum=3600
     )
     allowed_hosts: frozenset[str] = setting(
         frozenset(),
@@ -402,17 +383,15 @@ class AdminSettings:
         option="--allowed-host",
         env="OUTBOXER_ALLOWED_HOSTS",
     )
-    max_body_bytes: int = setting(
+    max_body_bytes: int = count(
         MAX_BODY_BYTES,
         help="Largest request body accepted (413 above).",
         minimum=0,
         maximum=1024**3,
     )
-    body_timeout: float = setting(
+    body_timeout: float = duration(
         BODY_TIMEOUT,
         help="Longest time to receive a request body (408 after), in seconds.",
-        minimum=0,
-        above_minimum=True,
         maximum=3600,
     )
 

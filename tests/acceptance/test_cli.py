@@ -17,6 +17,8 @@ from tests.acceptance.conftest import Cli, assert_one_line_error, lines
 
 INPROCESS = "inprocess://tests.acceptance.handlers:registry"
 RELAY = ["--database-url", "sqlite:///UPGRADED", "--broker", INPROCESS]
+HANDLERS = "tests.acceptance.handlers:registry"
+CONSUME = ["--broker", "redis://127.0.0.1:6379/0", "--handlers", HANDLERS, "--topic", "t"]
 
 
 def wait_until(predicate, timeout: float = 60, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
@@ -262,6 +264,10 @@ def test_purge_asks_before_deleting(cli: Cli, sqlite_url: str) -> None:
          ["invalid database URL", "percent-encode"]),
         (["db", "upgrade", "--database-url", "postgresql://u:hunter2/secret@127.0.0.1/db"], 2,
          ["invalid database URL"]),
+        (["consume", *CONSUME, "--database-url", "postgresql://u:hunter2/secret@127.0.0.1/db"],
+         2, ["invalid database URL"]),
+        (["consume", *CONSUME, "--database-url", "sqlite:///UPGRADED", "--shutdown-timeout",
+          "nan"], 2, ["--shutdown-timeout", "finite"]),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_changes_nothing(

@@ -88,13 +88,19 @@ def _unreadable_url(url: str, exc: Exception) -> ConfigurationError:
 
 @contextlib.asynccontextmanager
 async def open_store(
-    url: str, names: TableNames, *, check: bool = True
+    url: str,
+    names: TableNames,
+    *,
+    check: bool = True,
+    build: Callable[[str, TableNames], DatabaseStore] | None = None,
 ) -> AsyncIterator[DatabaseStore]:
+    """The store of ``url`` (made by ``build``, default the scheme's store), open and, with
+    ``check``, its schema checked; a URL the driver cannot read is a ``ConfigurationError``."""
     from outboxer.stores import store_from_url
 
     async with contextlib.AsyncExitStack() as stack:
         try:
-            store = store_from_url(url, names)
+            store = (build or store_from_url)(url, names)
             await stack.enter_async_context(store)
         except ConfigurationError:
             raise

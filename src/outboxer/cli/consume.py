@@ -10,10 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from outboxer.cli._common import EXIT_USAGE, fail
-from outboxer.cli.options import build_settings, database_options, env_option, settings_options
-from outboxer.config import TableNames
+from outboxer.cli._common import EXIT_USAGE, fail, open_store
+from outboxer.cli.options import (
+    build_settings,
+    checked,
+    database_options,
+    env_option,
+    settings_options,
+)
+from outboxer.config import Setting, TableNames
 from outboxer.inbox import HandlerRegistry, InboxSettings, load_registry
+from outboxer.urls import scheme_of
 
 if TYPE_CHECKING:
     from outboxer.ports import DatabaseStore
@@ -61,8 +68,9 @@ def _default_consumer_name(handlers: str) -> str:
     "--shutdown-timeout",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(0, 3600),
-    help="How long the batch in progress may take after SIGTERM/SIGINT.",
+    type=click.FLOAT,
+    callback=checked(Setting("", minimum=0, maximum=3600)),  # FloatRange lets nan through
+    help="How long the batch in progress may take after SIGTERM/SIGINT (s).",
 )
 @env_option(
     "--app-dir",
@@ -118,18 +126,16 @@ async def _consume(
     adapter = consumer_from_url(
         broker, name=settings.consumer, topics=topics, batch_size=batch_size
     )
-    scheme = url.partition("://")[0].split("+")[0].lower()
-    if scheme in ("postgresql", "postgres"):
-        from outboxer.stores.postgres import PostgresStore
 
-        # A connection per message handled at once, plus the re-drive loop and the sweep.
-        store: DatabaseStore = PostgresStore(
-            url, names, max_connections=max(10, settings.concurrency + 2)
-        )
-    else:
-        store = store_from_url(url, names)
-    async with store:
-        await store.check_schema()
+    def build(url: str, names: TableNames) -> DatabaseStore:
+        if scheme_of(url) in ("postgresql", "postgres"):
+            from outboxer.stores.postgres import PostgresStore
+
+            # A connection per message handled at once, plus the re-drive loop and the sweep.
+            return PostgresStore(url, names, max_connections=max(10, settings.concurrency + 2))
+        return store_from_url(url, names)
+
+    async with open_store(url, names, build=build) as store:
         inbox = Inbox(store, registry, settings)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

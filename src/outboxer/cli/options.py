@@ -130,7 +130,7 @@ def option_specs(cls: type) -> Iterator[OptionSpec]:
         yield OptionSpec((f.name,), option, env, kind, default, declared, help_)
 
 
-def _checked(declared: Setting) -> Callable[[click.Context, click.Parameter, Any], Any]:
+def checked(declared: Setting) -> Callable[[click.Context, click.Parameter, Any], Any]:
     """An option callback refusing what the field's own declaration refuses (non-finite or
     out-of-range numbers), as a usage error naming the option."""
 
@@ -153,7 +153,7 @@ def _click_option(spec: OptionSpec) -> Callable[[F], F]:
     else:
         attributes.update(
             type={int: click.INT, float: click.FLOAT}.get(spec.kind, click.STRING),
-            callback=_checked(spec.declared),
+            callback=checked(spec.declared),
             default=spec.default,
             show_default=spec.default is not None and not spec.declared.secret,
         )

@@ -43,6 +43,8 @@ from outboxer.config import (
     Backoff,
     Setting,
     check_fields,
+    count,
+    duration,
     setting,
 )
 from outboxer.errors import ConfigurationError, OutboxerError, PermanentPublishError, StoreError
@@ -121,47 +123,39 @@ class InboxSettings:
             )
         }
     )
-    max_attempts: int = setting(
+    max_attempts: int = count(
         5,
         help="Failed attempts after which a message becomes a consume dead letter.",
-        minimum=1,
-        maximum=1000,
         env="OUTBOXER_CONSUME_MAX_ATTEMPTS",
+        maximum=1000,
     )
     retry: Backoff = setting(
         default_factory=lambda: Backoff(base=1.0, factor=2.0, cap=300.0),
         help="Delay before re-driving a failed consumption, by attempts",
         env="OUTBOXER_CONSUME_RETRY",
     )
-    retention: float = setting(
+    retention: float = duration(
         7 * DAY,
         help="Seconds an inbox row is kept; must exceed the broker's redelivery horizon.",
-        minimum=0,
-        above_minimum=True,
-        maximum=MAX_SECONDS,
         option="--inbox-retention",
+        maximum=MAX_SECONDS,
     )
-    concurrency: int = setting(
+    concurrency: int = count(
         8,
         help="Messages of different keys handled at once (one key: one at a time, in order).",
-        minimum=1,
-        maximum=256,
         env="OUTBOXER_CONSUME_CONCURRENCY",
+        maximum=256,
     )
-    redrive_interval: float = setting(
+    redrive_interval: float = duration(
         1.0,
         help="How often due failed consumptions are re-driven (s).",
-        minimum=0,
-        above_minimum=True,
-        maximum=3600,
         option="--retry-interval",
         env="OUTBOXER_CONSUME_RETRY_INTERVAL",
+        maximum=3600,
     )
-    redrive_batch_size: int = setting(
+    redrive_batch_size: int = count(
         50,
         help="Failed consumptions re-driven per round.",
-        minimum=1,
-        maximum=10_000,
         option="--retry-batch-size",
         env="OUTBOXER_CONSUME_RETRY_BATCH_SIZE",
     )
@@ -176,19 +170,16 @@ class InboxSettings:
         "throughput, but a crash repeats the external side effects of the whole chunk (see "
         "docs/inbox.md).",
     )
-    sweep_interval: float = setting(
+    sweep_interval: float = duration(
         60.0,
         help="How often this consumer offers to run the shared sweep (s); 0: leave it to others.",
-        minimum=0,
-        maximum=DAY,
+        zero=True,
     )
-    sweep_batch_size: int = setting(
-        50, help="Dead letters purged per sweep.", minimum=1, maximum=10_000
-    )
-    dead_letter_retention: float = setting(
+    sweep_batch_size: int = count(50, help="Dead letters purged per sweep.")
+    dead_letter_retention: float = duration(
         30 * DAY,
         help="Seconds dead letters are kept before the sweep purges them; 0 keeps them.",
-        minimum=0,
+        zero=True,
         maximum=MAX_SECONDS,
     )
 
