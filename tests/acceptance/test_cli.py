@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import signal
 import sqlite3
@@ -195,6 +196,36 @@ def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, sqlite_url: str
     purged = cli("dlq", "purge", *db, "--topic", "audit", "--yes")
     assert purged.returncode == 0 and "purged 2" in purged.stdout
     assert json.loads(cli("dlq", "list", *db, "--json").stdout)["items"] == []
+
+
+def test_messages_list_and_show_where_each_waits(cli: Cli, sqlite_url: str) -> None:
+    """``outboxer messages``: the outbox before the dead letter, without touching SQL."""
+    db = ["--database-url", sqlite_url]
+    assert cli("db", "upgrade", *db).returncode == 0
+    ids = write_sqlite(sqlite_url, 3, poison=1)
+    conn = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    with conn:
+        later = outboxer.enqueue(conn, "orders", {"n": 9}, available_at=dt.timedelta(hours=1))
+    conn.close()
+
+    page = json.loads(cli("messages", "list", *db, "--json", "--limit", "2").stdout)
+    assert [m["id"] for m in page["items"]] == ids[:2] and page["next_cursor"]
+    rest = cli("messages", "list", *db, "--json", "--cursor", page["next_cursor"]).stdout
+    assert [m["id"] for m in json.loads(rest)["items"]] == [*ids[2:], later]
+    scheduled = json.loads(cli("messages", "list", *db, "--json", "--state", "scheduled").stdout)
+    assert [(m["id"], m["state"]) for m in scheduled["items"]] == [(later, "scheduled")]
+    audit = json.loads(cli("messages", "list", *db, "--json", "--topic", "audit").stdout)
+    assert [m["type"] for m in audit["items"]] == ["Poison"]
+
+    shown = json.loads(cli("messages", "show", *db, ids[3], "--json").stdout)
+    assert (shown["state"], shown["attempts"], shown["key"]) == ("pending", 0, "p0")
+    assert shown["payload"] == {"p": 0} and shown["last_error"] is None
+    table = cli("messages", "list", *db).stdout
+    assert "pending" in table and "scheduled" in table and ids[0] in table
+    missing = cli("messages", "show", *db, "no-such-id")
+    assert missing.returncode == 1 and "no message with id 'no-such-id'" in missing.stderr
+    bad = cli("messages", "list", *db, "--state", "stuck")
+    assert bad.returncode == 2 and "stuck" in bad.stderr
 
 
 def test_purge_asks_before_deleting(cli: Cli, sqlite_url: str) -> None:

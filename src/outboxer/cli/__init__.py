@@ -20,6 +20,7 @@ from outboxer.cli.consume import consume
 from outboxer.cli.db import db
 from outboxer.cli.demo import demo
 from outboxer.cli.dlq import dlq
+from outboxer.cli.messages import messages
 from outboxer.cli.options import env_option
 from outboxer.cli.relay import relay
 from outboxer.cli.serve import serve
@@ -55,7 +56,7 @@ def main(log_level: str, log_format: str) -> None:
     logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 
-for command in (db, relay, stats, dlq, demo, consume, serve):
+for command in (db, relay, stats, dlq, messages, demo, consume, serve):
     main.add_command(command)
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -35,6 +36,33 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def short(text: str, width: int) -> str:
+    """``text`` escaped (see :func:`printable`) and cut to ``width`` characters for a table."""
+    text = printable(text)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def echo_page(body: dict[str, Any], as_json: bool, print_items: Callable[[], None]) -> None:
+    """A list page: its JSON (``{"items", "next_cursor"}``), or the table and how to go on."""
+    if as_json:
+        click.echo(json.dumps(body, indent=2))
+        return
+    print_items()
+    if body["next_cursor"]:
+        click.echo(f"more: --cursor {body['next_cursor']}")
+
+
+def echo_fields(body: dict[str, Any], as_json: bool) -> None:
+    """One item (``show``): its JSON, or one ``name value`` line per field."""
+    if as_json:
+        click.echo(json.dumps(body, indent=2))
+        return
+    for name, value in body.items():
+        # JSON escapes control characters itself; plain text is escaped here.
+        shown = json.dumps(value) if isinstance(value, dict | list) else printable(str(value))
+        click.echo(f"{name:17} {shown}")
 
 
 def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:

@@ -9,8 +9,16 @@ from typing import Any
 
 import click
 
-from outboxer.cli._common import EXIT_USAGE, fail, printable, with_store
-from outboxer.cli.options import database_options, json_option, stack
+from outboxer.cli._common import (
+    EXIT_USAGE,
+    echo_fields,
+    echo_page,
+    fail,
+    printable,
+    short,
+    with_store,
+)
+from outboxer.cli.options import database_options, filter_options, json_option, page_options
 from outboxer.config import TableNames
 from outboxer.errors import OutboxerError
 from outboxer.ports import AdminStore, DeadLetter, DeadLetterFilter
@@ -21,18 +29,6 @@ def dlq() -> None:
     """Inspect, replay and purge dead letters."""
 
 
-filter_options = stack(
-    click.option("--topic", default=None, help="Only this topic."),
-    click.option("--type", "type_", default=None, help="Only this message type."),
-    click.option("--key", default=None, help="Only this key."),
-)
-
-
-def _short(text: str, width: int) -> str:
-    text = printable(text)
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def _print_dead_letters(items: list[DeadLetter]) -> None:
     """The human table. Every text came from a message or an error, so it is escaped: a topic
     holding ``\x1b[2J`` must not clear the operator's terminal."""
@@ -40,16 +36,15 @@ def _print_dead_letters(items: list[DeadLetter]) -> None:
     click.echo(header)
     for d in items:
         click.echo(
-            f"{printable(d.id):36}  {_short(d.topic, 16):16} {_short(d.type or '-', 18):18} "
-            f"{_short(d.key or '-', 12):12} {d.attempts:>3}  {_short(d.failure_reason, 60)}"
+            f"{printable(d.id):36}  {short(d.topic, 16):16} {short(d.type or '-', 18):18} "
+            f"{short(d.key or '-', 12):12} {d.attempts:>3}  {short(d.failure_reason, 60)}"
         )
 
 
 @dlq.command("list")
 @database_options
 @filter_options
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
-@click.option("--cursor", default=None, help="next_cursor of the previous page.")
+@page_options
 @json_option
 def dlq_list(
     database_url: str,
@@ -69,13 +64,8 @@ def dlq_list(
         return await store.list_dead_letters(flt, limit=limit, cursor=cursor)
 
     page = with_store(read, database_url, TableNames(table=table, schema=schema))
-    if as_json:
-        body = {"items": [d.to_json() for d in page.items], "next_cursor": page.next_cursor}
-        click.echo(json.dumps(body, indent=2))
-        return
-    _print_dead_letters(list(page.items))
-    if page.next_cursor:
-        click.echo(f"more: --cursor {page.next_cursor}")
+    body = {"items": [d.to_json() for d in page.items], "next_cursor": page.next_cursor}
+    echo_page(body, as_json, lambda: _print_dead_letters(list(page.items)))
 
 
 @dlq.command("show")
@@ -90,14 +80,8 @@ def dlq_show(
     async def read(store: AdminStore) -> DeadLetter:
         return await store.get_dead_letter(dead_letter_id)
 
-    body = with_store(read, database_url, TableNames(table=table, schema=schema)).to_json()
-    if as_json:
-        click.echo(json.dumps(body, indent=2))
-        return
-    for name, value in body.items():
-        # JSON escapes control characters itself; plain text is escaped here.
-        shown = json.dumps(value) if isinstance(value, dict | list) else printable(str(value))
-        click.echo(f"{name:17} {shown}")
+    names = TableNames(table=table, schema=schema)
+    echo_fields(with_store(read, database_url, names).to_json(), as_json)
 
 
 def _bulk_filter(

@@ -66,6 +66,17 @@ database_options = stack(
     ),
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+#: ``--topic``/``--type``/``--key``, the filters dead letters and messages share.
+filter_options = stack(
+    click.option("--topic", default=None, help="Only this topic."),
+    click.option("--type", "type_", default=None, help="Only this message type."),
+    click.option("--key", default=None, help="Only this key."),
+)
+#: ``--limit``/``--cursor`` of a list command (pages of the same size as the admin API's).
+page_options = stack(
+    click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000)),
+    click.option("--cursor", default=None, help="next_cursor of the previous page."),
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

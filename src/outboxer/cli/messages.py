@@ -1,0 +1,82 @@
+"""``outboxer messages``: the messages not yet published, and where each one stands."""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+import click
+
+from outboxer.cli._common import echo_fields, echo_page, printable, short, with_store
+from outboxer.cli.options import database_options, filter_options, json_option, page_options
+from outboxer.config import TableNames
+from outboxer.ports import AdminStore, MessageFilter, MessageState, OutboxMessage
+
+
+@click.group()
+def messages() -> None:
+    """Messages not yet published: state, attempts, last error, next attempt."""
+
+
+def _print_messages(items: list[OutboxMessage]) -> None:
+    """The human table, escaped like ``dlq list`` (texts come from messages and errors)."""
+    click.echo(
+        f"{'ID':36}  {'TOPIC':16} {'TYPE':18} {'KEY':12} {'STATE':9} {'ATT':>3}  "
+        f"{'NEXT ATTEMPT (UTC)':19}  RELAY / LAST ERROR"
+    )
+    for m in items:
+        why = f"relay {m.relay}" if m.relay else (m.last_error or "-")
+        click.echo(
+            f"{printable(m.id):36}  {short(m.topic, 16):16} {short(m.type or '-', 18):18} "
+            f"{short(m.key or '-', 12):12} {m.state:9} {m.attempts:>3}  "
+            f"{m.next_attempt_at:%Y-%m-%d %H:%M:%S}  {short(why, 60)}"
+        )
+
+
+@messages.command("list")
+@database_options
+@click.option("--state", type=click.Choice(get_args(MessageState)), help="Only this state.")
+@filter_options
+@page_options
+@json_option
+def messages_list(
+    database_url: str,
+    schema: str | None,
+    table: str,
+    state: MessageState | None,
+    topic: str | None,
+    type_: str | None,
+    key: str | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """List messages not yet published, oldest first (the order relays claim them in).
+
+    A state is pending (due, waiting for a relay), scheduled (available later, never tried),
+    retrying (a publish failed; see the next attempt and last error), in_flight (leased by the
+    relay shown) or held (its key has a publish dead letter).
+    """
+    flt = MessageFilter(state=state, topic=topic, type=type_, key=key)
+
+    async def read(store: AdminStore) -> Any:
+        return await store.list_messages(flt, limit=limit, cursor=cursor)
+
+    page = with_store(read, database_url, TableNames(table=table, schema=schema))
+    body = {"items": [m.to_json() for m in page.items], "next_cursor": page.next_cursor}
+    echo_page(body, as_json, lambda: _print_messages(list(page.items)))
+
+
+@messages.command("show")
+@database_options
+@click.argument("message_id")
+@json_option
+def messages_show(
+    database_url: str, schema: str | None, table: str, message_id: str, as_json: bool
+) -> None:
+    """One message not yet published, with its payload, state, attempts and last error."""
+
+    async def read(store: AdminStore) -> OutboxMessage:
+        return await store.get_message(message_id)
+
+    names = TableNames(table=table, schema=schema)
+    echo_fields(with_store(read, database_url, names).to_json(), as_json)
