@@ -26,6 +26,8 @@ __all__ = [
     "Setting",
     "TableNames",
     "check_fields",
+    "count",
+    "duration",
     "setting",
     "validate_identifier",
 ]

@@ -103,7 +103,10 @@ class OptionSpec:
 
     @property
     def param(self) -> str:
-        """The click parameter name (an identifier unique within the class)."""
+        """The click parameter name (an identifier unique within the class); a negated
+        setting's is its flag's (``unordered``), which is what the parsed value means."""
+        if self.declared.negate:
+            return self.option[2:].replace("-", "_")
         return "__".join(self.path)
 
 
