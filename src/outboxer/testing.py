@@ -67,9 +67,15 @@ class _Row:
 
 
 class InMemoryStore:
-    """A :class:`~outboxer.ports.Store` in a dict, with the PostgreSQL store's semantics."""
+    """A :class:`~outboxer.ports.Store` in a dict, with the PostgreSQL store's semantics.
 
-    def __init__(self) -> None:
+    Args:
+        clock: The current time, for leases, retry delays and ages (default: the wall clock;
+            ``tests/simulation`` passes the virtual time of its event loop).
+    """
+
+    def __init__(self, clock: Callable[[], dt.datetime] = _now) -> None:
+        self._clock = clock
         self._rows: dict[str, _Row] = {}
         self._dead: dict[str, tuple[int, DeadLetter]] = {}
         self._relays: dict[str, RelayInfo] = {}
@@ -91,7 +97,7 @@ class InMemoryStore:
         row = self._outbox.row(topic, payload, **options)
         if row.id in self._rows:
             raise ConfigurationError(f"duplicate message id {row.id!r}")
-        now = _now()
+        now = self._clock()
         self._add(
             Message(
                 id=row.id,
@@ -127,7 +133,7 @@ class InMemoryStore:
         relay_id: str,
         hold_dead_keys: bool = False,
     ) -> Claim:
-        now = _now()
+        now = self._clock()
         token = int.from_bytes(os.urandom(8), "big") >> 1
         claimed: list[Message] = []
         blocked: set[str] = set()  # keys with an older row that is leased or waiting
@@ -153,7 +159,7 @@ class InMemoryStore:
         return [r for i in ids if (r := self._rows.get(i)) is not None and r.token == token]
 
     async def settle(self, claim: Claim, settlement: Settlement) -> None:
-        now = _now()
+        now = self._clock()
         for row in self._owned(settlement.published, claim.token):
             del self._rows[row.message.id]
         reasons = {r.id: r for r in settlement.retries}
@@ -192,7 +198,7 @@ class InMemoryStore:
             row.token, row.locked_by, row.locked_until = None, None, None
 
     async def release_expired_leases(self) -> int:
-        now = _now()
+        now = self._clock()
         expired = [
             r
             for r in self._rows.values()
@@ -207,7 +213,7 @@ class InMemoryStore:
     async def sweep(
         self, *, sweeper: str, interval: float, retention_seconds: float, batch_size: int
     ) -> SweepReport | None:
-        now = _now()
+        now = self._clock()
         last = self._last_sweep
         if last is not None and (now - last.started_at).total_seconds() < interval:
             return None
@@ -228,7 +234,7 @@ class InMemoryStore:
 
         self._last_sweep = SweepReport(
             started_at=now,
-            completed_at=_now(),
+            completed_at=self._clock(),
             swept_by=sweeper,
             publish_retries=self._released_since_sweep,
             publish_failures=failures("publish"),
@@ -253,13 +259,13 @@ class InMemoryStore:
         return True
 
     async def heartbeat(self, relay: RelayInfo) -> None:
-        self._relays[relay.relay_id] = replace(relay, heartbeat_at=_now())
+        self._relays[relay.relay_id] = replace(relay, heartbeat_at=self._clock())
 
     async def unregister(self, relay_id: str) -> None:
         self._relays.pop(relay_id, None)
 
     async def stats(self) -> OutboxStats:
-        now = _now()
+        now = self._clock()
         rows = list(self._rows.values())
         oldest = min((r.message.created_at for r in rows), default=None)
         live = {r.relay_id for r in self._relays.values() if (now - r.heartbeat_at).seconds < 15}
@@ -382,7 +388,7 @@ class InMemoryStore:
                     headers=d.headers,
                     content_type=d.content_type,
                     created_at=d.created_at,
-                    available_at=_now(),
+                    available_at=self._clock(),
                 )
             )
             replayed.append(d.id)
@@ -431,7 +437,7 @@ class InMemoryStore:
             reason = f"waiting behind an earlier failed message of key {message.key!r}"
             inbox.add_failure(consumer, message, 0, ConsumeFailure(reason, 0.0))
             return "waiting"
-        inbox.rows[pair] = _now() + dt.timedelta(seconds=retention_seconds)
+        inbox.rows[pair] = self._clock() + dt.timedelta(seconds=retention_seconds)
         try:
             await handler(message, None, 1)
         except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
@@ -455,7 +461,7 @@ class InMemoryStore:
     ) -> list[ConsumeOutcome]:
         inbox = self._inbox
         outcomes: list[ConsumeOutcome] = []
-        for failure in inbox.due(consumer, _now())[:limit]:
+        for failure in inbox.due(consumer, self._clock())[:limit]:
             pair = (consumer, failure.message.id)
             if inbox.rows.get(pair, None) is not None:  # handled meanwhile
                 del inbox.failures[pair]
@@ -470,15 +476,15 @@ class InMemoryStore:
                 failure.last_error = verdict.reason
                 if verdict.retry_in is None:
                     failure.state = "dead"
-                    inbox.rows[pair] = _now() + dt.timedelta(seconds=retention_seconds)
+                    inbox.rows[pair] = self._clock() + dt.timedelta(seconds=retention_seconds)
                     self._dead_letter_consumed(failure.message, attempt, verdict.reason)
                     outcomes.append("dead")
                 else:
-                    failure.next_attempt_at = _now() + dt.timedelta(seconds=verdict.retry_in)
+                    failure.next_attempt_at = self._clock() + dt.timedelta(seconds=verdict.retry_in)
                     outcomes.append("retrying")
                 continue
             del inbox.failures[pair]
-            inbox.rows[pair] = _now() + dt.timedelta(seconds=retention_seconds)
+            inbox.rows[pair] = self._clock() + dt.timedelta(seconds=retention_seconds)
             outcomes.append("handled")
         inbox.retried_since_sweep += sum(outcome != "duplicate" for outcome in outcomes)
         return outcomes
@@ -493,7 +499,7 @@ class InMemoryStore:
                         existing[1],
                         failure_reason=reason,
                         attempts=max(attempts, existing[1].attempts),
-                        dead_lettered_at=_now(),
+                        dead_lettered_at=self._clock(),
                     ),
                 )
             return
@@ -509,7 +515,7 @@ class InMemoryStore:
                 content_type=message.content_type,
                 headers=message.headers,
                 created_at=message.created_at,
-                dead_lettered_at=_now(),
+                dead_lettered_at=self._clock(),
                 failure_reason=reason,
                 attempts=attempts,
                 direction="consume",

@@ -91,11 +91,20 @@ class SqliteStore(InboxSteps):
     Args:
         path_or_url: A file path or ``sqlite:///path.db``.
         names: Table names (SQLite has no schemas: ``names.schema`` must be ``None``).
+        clock: The current time in UTC epoch seconds for the relay's queries (leases, retry
+            delays, sweeps), instead of SQLite's own clock (``tests/simulation`` runs on virtual
+            time). Default: SQLite's ``julianday('now')``.
     """
 
     dialect = "sqlite"
 
-    def __init__(self, path_or_url: str | Path, names: TableNames | None = None) -> None:
+    def __init__(
+        self,
+        path_or_url: str | Path,
+        names: TableNames | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.names = names or TableNames()
         if self.names.schema is not None:
             raise ConfigurationError("SQLite has no schemas: leave the schema name unset")
@@ -104,6 +113,9 @@ class SqliteStore(InboxSteps):
         q = _sql.queries("sqlite", self.names)
         where = q.pop("dead_letter_where")
         self._q = {name: sql.replace("{where}", where) for name, sql in q.items()}
+        self._clock = clock
+        if clock is not None:
+            self._q = {name: sql.replace(_NOW, "outboxer_now()") for name, sql in self._q.items()}
         self._conn: aiosqlite.Connection | None = None
         self._lock = asyncio.Lock()  # one transaction at a time on the shared connection
         self._doorbell = asyncio.Event()
@@ -121,14 +133,20 @@ class SqliteStore(InboxSteps):
         if self.path != ":memory:" and not Path(self.path).parent.exists():
             raise ConfigurationError(f"SQLite: directory of {self.path} does not exist")
         try:
-            conn = await aiosqlite.connect(self.path, isolation_level=None, timeout=30)
+            conn = await self._connect()
             conn.row_factory = sqlite3.Row
             await conn.execute("PRAGMA busy_timeout = 30000")
             await conn.execute("PRAGMA journal_mode = WAL")
             await conn.execute("PRAGMA synchronous = NORMAL")
+            if self._clock is not None:
+                await conn.create_function("outboxer_now", 0, self._clock)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open SQLite database {self.path}: {exc}") from exc
         self._conn = conn
+
+    async def _connect(self) -> aiosqlite.Connection:
+        """The connection, in autocommit mode (transactions are explicit)."""
+        return await aiosqlite.connect(self.path, isolation_level=None, timeout=30)
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -299,7 +317,8 @@ class SqliteStore(InboxSteps):
                     due = await cur.fetchone()
                 if due is None or not due["due"]:
                     return None
-                async with conn.execute("SELECT " + _NOW) as cur:
+                now = "outboxer_now()" if self._clock is not None else _NOW
+                async with conn.execute("SELECT " + now) as cur:
                     started = (await cur.fetchone() or [0.0])[0]
                 purge = {"retention": retention_seconds, "batch": batch_size}
                 purged = (await conn.execute(self._q["sweep_purge"], purge)).rowcount

@@ -64,10 +64,13 @@ WHERE id IN (SELECT value FROM json_each(:ids)) AND claim_token = :token
 -- name: dead_letter_copy
 -- OR REPLACE: a message whose id already has a dead letter (ids may be reused) replaces it, as
 -- the newest (a new dl_seq); a plain INSERT would fail the settle of the whole batch, forever.
-INSERT OR REPLACE INTO {dead_letters} (id, topic, key, type, payload, content_type, headers, created_at,
-                            failure_reason, attempts, direction)
+-- dead_lettered_at is set here rather than by the column default, on the store's clock.
+INSERT OR REPLACE INTO {dead_letters} (id, topic, key, type, payload, content_type, headers,
+                                       created_at, dead_lettered_at, failure_reason, attempts,
+                                       direction)
 SELECT o.id, o.topic, o.key, o.type, o.payload, o.content_type, o.headers, o.created_at,
-       json_extract(f.value, '$[1]'), o.attempts + 1, 'publish'
+       (julianday('now') - 2440587.5) * 86400.0, json_extract(f.value, '$[1]'),
+       o.attempts + 1, 'publish'
 FROM {outbox} o JOIN json_each(:items) f ON json_extract(f.value, '$[0]') = o.id
 WHERE o.claim_token = :token
 
