@@ -332,11 +332,11 @@ def test_demo_tells_the_whole_story(cli: Cli) -> None:
 async def test_dlq_list_and_show_escape_terminal_control_sequences(
     cli: Cli, sqlite_url: str
 ) -> None:
-    """Topic, key, type, id and reason come from producers and errors: printed raw, an escape
-    sequence would recolour, clear or retitle the operator's terminal."""
+    """Topic, key, type, id, reason and relay id come from producers, errors and options:
+    printed raw, an escape sequence would recolour, clear or retitle the operator's terminal."""
     from outboxer.config import TableNames
     from outboxer.message import Message
-    from outboxer.ports import ConsumeFailure
+    from outboxer.ports import ConsumeFailure, RelayInfo
     from outboxer.stores.sqlite import SqliteStore
 
     db = ["--database-url", sqlite_url]
@@ -355,11 +355,15 @@ async def test_dlq_list_and_show_escape_terminal_control_sequences(
     def give_up(message: Message, attempts: int, error: Exception) -> ConsumeFailure:
         return ConsumeFailure("boom\x1b[0m\u202e", None)
 
+    now = dt.datetime.now(dt.UTC)
     async with SqliteStore(sqlite_url, TableNames()) as store:
         outcomes = await store.consume(
             "mailer", [hostile], failing, on_failure=give_up, retention_seconds=60
         )
+        await store.heartbeat(RelayInfo("relay\x1b[2J", "h", 1, now, now))
     assert outcomes == ["dead"]
+    stats = cli("stats", *db)
+    assert "\x1b" not in stats.stdout and "relay\\x1b[2J" in stats.stdout
 
     listed = cli("dlq", "list", *db)
     shown = cli("dlq", "show", *db, hostile.id)

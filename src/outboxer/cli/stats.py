@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from outboxer.cli._common import with_store
+from outboxer.cli._common import printable, with_store
 from outboxer.cli.options import database_options, json_option
 from outboxer.config import TableNames
 from outboxer.ports import AdminStore
@@ -34,6 +34,10 @@ def stats(database_url: str, schema: str | None, table: str, as_json: bool) -> N
     click.echo(f"oldest pending age  {'-' if age is None else f'{age:.1f}s'}")
     click.echo(f"live relays         {len(figures['relays'])}")
     for r in figures["relays"]:
-        click.echo(f"  {r['relay_id']}  in flight {r['in_flight']}  heartbeat {r['heartbeat_at']}")
+        # A relay id is whatever --relay-id said: escaped like every stored text.
+        click.echo(
+            f"  {printable(r['relay_id'])}  in flight {r['in_flight']}  "
+            f"heartbeat {r['heartbeat_at']}"
+        )
     sweep = figures["last_sweep"]
     click.echo(f"last sweep          {'-' if sweep is None else json.dumps(sweep)}")
