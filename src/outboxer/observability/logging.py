@@ -16,7 +16,8 @@ passwords in URLs (``scheme://user:***@host``), ``password=``/``token=``/``secre
 parameters and ``Bearer`` tokens are masked, and an ``extra`` field whose name says it is a
 secret (``password``, ``token``, ``secret``, ``authorization``, ``api_key``) is replaced by
 ``***``. Components are expected not to log secrets in the first place (the publishers keep
-passwords out of their messages); this is the second line of defence.
+passwords out of their messages); this is the second line of defence. The masking is
+:func:`outboxer.urls.redact`, the one redaction routine.
 """
 
 from __future__ import annotations
@@ -30,39 +31,22 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from outboxer.relay.observer import current_relay_id
+from outboxer.urls import MASK, redact
 
 __all__ = ["LOG_FORMATS", "JsonFormatter", "TextFormatter", "configure_logging", "redact"]
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-_URL_PASSWORD = re.compile(r"(?P<prefix>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*):[^@/\s]+@")
-_SECRET_PARAM = re.compile(
-    r"(?P<name>\b(?:password|passwd|pwd|secret|token|access_token|api_key|apikey)=)[^&\s\"']+",
-    re.IGNORECASE,
-)
-_BEARER = re.compile(r"(?P<scheme>\bBearer\s+)[A-Za-z0-9\-._~+/]+=*", re.IGNORECASE)
 _SECRET_FIELD = re.compile(
     r"(^|_)(pass(word|wd)?|secret|token|authorization|api_?key|credentials?)($|_)", re.IGNORECASE
 )
-MASK = "***"
 _HANDLER_NAME = "outboxer"
 
 # Attributes every LogRecord has; anything else on a record came from ``extra=``.
 _RESERVED = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys() | {"message", "asctime"}
 )
-
-
-def redact(text: str) -> str:
-    """``text`` with URL passwords, secret query parameters and bearer tokens masked."""
-    if "://" in text:
-        text = _URL_PASSWORD.sub(rf"\g<prefix>:{MASK}@", text)
-    if "=" in text:
-        text = _SECRET_PARAM.sub(rf"\g<name>{MASK}", text)
-    if "earer" in text:
-        text = _BEARER.sub(rf"\g<scheme>{MASK}", text)
-    return text
 
 
 def _clean(name: str, value: Any) -> Any:

@@ -34,6 +34,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from outboxer import urls
 from outboxer.errors import ConfigurationError, PublishError
 from outboxer.message import Message
 from outboxer.observability.propagation import TRACEPARENT, TRACESTATE
@@ -48,24 +49,18 @@ __all__ = [
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
-#: Broker URL scheme → OpenTelemetry ``messaging.system``.
-_SYSTEMS = {
-    "kafka": "kafka",
-    "amqp": "rabbitmq",
-    "amqps": "rabbitmq",
-    "nats": "nats",
-    "redis": "redis",
-    "rediss": "redis",
-    "http": "http",
-    "https": "http",
-    "inprocess": "outboxer.inprocess",
-}
+#: OpenTelemetry ``messaging.system`` values that are not the broker's name in the scheme
+#: registry (:data:`outboxer.urls.SCHEMES`); in-process handlers are no standard system.
+_SYSTEMS = {"inprocess": "outboxer.inprocess"}
 
 
 def messaging_system(broker_url: str) -> str:
     """The ``messaging.system`` attribute for a broker URL (``kafka://…`` → ``kafka``)."""
-    scheme = broker_url.partition("://")[0].lower()
-    return _SYSTEMS.get(scheme, scheme or "unknown")
+    scheme = urls.scheme_of(broker_url)
+    entry = urls.SCHEMES.get(scheme)
+    if entry is None or entry.kind != "broker":
+        return scheme or "unknown"
+    return _SYSTEMS.get(entry.name, entry.name)
 
 
 def _version() -> str:
