@@ -36,6 +36,7 @@ __all__ = [
     "lookup",
     "parse",
     "redact",
+    "safe_url",
     "scheme_of",
 ]
 
@@ -382,6 +383,16 @@ _SECRET_PARAM = re.compile(
     re.IGNORECASE,
 )
 _BEARER = re.compile(r"(?P<scheme>\bBearer\s+)[A-Za-z0-9\-._~+/]+=*", re.IGNORECASE)
+
+
+def safe_url(scheme: str, netloc: str, *, username: str | None, password: str | None) -> str:
+    """``scheme://[user[:***]@]netloc`` for logs and errors: a URL rebuilt from settings with
+    its password masked (never written out, so no pattern has to find it again)."""
+    if password is not None:
+        credentials = f"{username or ''}:{MASK}@"
+    else:
+        credentials = f"{username}@" if username else ""
+    return f"{scheme}://{credentials}{netloc}"
 
 
 def redact(text: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from outboxer.errors import ConfigurationError
-from outboxer.urls import SCHEMES, Option, UrlSpec, lookup, parse, redact, scheme_of
+from outboxer.urls import SCHEMES, Option, UrlSpec, lookup, parse, redact, safe_url, scheme_of
 
 SPEC = UrlSpec(
     what="test URL",
@@ -167,3 +167,12 @@ def test_option_prefix_keeps_the_owners_parameters() -> None:
     assert "a=1" not in repr(url)
     with pytest.raises(ConfigurationError, match="unknown option 'x_m'; known options: x_n"):
         parse("http://h/?x_m=1", spec)
+
+
+def test_safe_url_masks_the_password() -> None:
+    assert safe_url("kafka", "k1:9092", username="alice", password="s3cr3t") == (
+        "kafka://alice:***@k1:9092"
+    )
+    assert safe_url("redis", "h:6379/0", username=None, password="x") == "redis://:***@h:6379/0"
+    assert safe_url("kafka", "k1:9092", username="alice", password=None) == "kafka://alice@k1:9092"
+    assert safe_url("kafka", "k1:9092", username=None, password=None) == "kafka://k1:9092"

@@ -192,12 +192,12 @@ class KafkaSettings:
 
     def safe_url(self) -> str:
         """The cluster's URL for log lines and errors: the password is replaced by ``***``."""
-        user = self.sasl_username or ""
-        if self.sasl_password is not None:
-            credentials = f"{user}:***@"
-        else:
-            credentials = f"{user}@" if user else ""
-        return f"kafka://{credentials}{self.bootstrap_servers}"
+        return urls.safe_url(
+            "kafka",
+            self.bootstrap_servers,
+            username=self.sasl_username,
+            password=self.sasl_password,
+        )
 
     def producer_config(self) -> dict[str, Any]:
         """The librdkafka producer properties (without the callbacks the publisher adds)."""

@@ -153,9 +153,9 @@ class RedisSettings:
     def safe_url(self) -> str:
         """The server's URL for log lines and errors: the password is replaced by ``***``."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        user = self.username or ""
-        credentials = f"{user}:***@" if self.password is not None else (f"{user}@" if user else "")
-        return f"{'rediss' if self.tls else 'redis'}://{credentials}{host}:{self.port}/{self.db}"
+        scheme = "rediss" if self.tls else "redis"
+        netloc = f"{host}:{self.port}/{self.db}"
+        return urls.safe_url(scheme, netloc, username=self.username, password=self.password)
 
     def connection_arguments(self) -> dict[str, Any]:
         """redis-py's connection arguments, shared by the publisher's pool and the consumer's
