@@ -24,8 +24,11 @@ __all__ = ["RESERVED_HEADERS", "Header", "decode", "header_encoder"]
 Header = tuple[str, str | bytes | None]
 
 #: Headers the publisher writes itself; user headers with these names are not sent, and the
-#: consumer does not hand them to handlers as user headers.
-RESERVED_HEADERS = KAFKA.names
+#: consumer does not hand them to handlers as user headers. Other ``ce_*`` headers (e.g.
+#: ``ce_subject``) pass through as CloudEvents extensions.
+RESERVED_HEADERS = frozenset(
+    {KAFKA.id, KAFKA.type, KAFKA.source, KAFKA.specversion, KAFKA.time, CONTENT_TYPE}
+)
 
 
 def header_encoder(source: str) -> Callable[[Message], list[Header]]:

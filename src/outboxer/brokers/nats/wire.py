@@ -25,7 +25,7 @@ __all__ = ["MSG_ID", "RESERVED_HEADERS", "decode", "headers"]
 #: JetStream's deduplication header.
 MSG_ID = "Nats-Msg-Id"
 #: Headers the publisher writes itself; the rest are user headers.
-RESERVED_HEADERS = HEADERS.names | {MSG_ID}
+RESERVED_HEADERS = (HEADERS.names - {HEADERS.topic}) | {MSG_ID}
 
 
 def headers(message: Message, source: str) -> dict[str, str]:
