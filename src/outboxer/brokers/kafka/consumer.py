@@ -37,7 +37,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -78,14 +78,6 @@ class KafkaConsumer:
         self._client: Consumer | None = None
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._missing_topics: set[str] = set()
-
-    @classmethod
-    def from_url(
-        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
-    ) -> KafkaConsumer:
-        return cls(
-            KafkaConsumerSettings.from_url(url, name=name, topics=topics, batch_size=batch_size)
-        )
 
     def __repr__(self) -> str:
         return (

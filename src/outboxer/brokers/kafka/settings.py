@@ -164,12 +164,7 @@ class KafkaSettings:
 
     @classmethod
     def from_url(cls, url: str) -> KafkaSettings:
-        """Parse ``kafka://[user:password@]host[:port][,host[:port]...][?options]``.
-
-        Raises:
-            ConfigurationError: one readable line naming the problem; the password is never
-                part of it.
-        """
+        """Parse ``kafka://[user:password@]host[:port][,host[:port]...][?options]``."""
         return cls.from_parsed(urls.parse(url, SPEC))
 
     @classmethod

@@ -1,5 +1,7 @@
 """The NATS JetStream broker: settings, wire format (:mod:`.wire`), publisher and consumer."""
 
+from typing import Any
+
 from outboxer.brokers.nats.consumer import NatsConsumer
 from outboxer.brokers.nats.publisher import NatsPublisher
 from outboxer.brokers.nats.settings import NatsConsumerSettings, NatsSettings
@@ -15,5 +17,8 @@ __all__ = [
 
 #: Used by :func:`outboxer.brokers.publisher_from_url`.
 publisher_from_url = NatsPublisher.from_url
-#: Used by :func:`outboxer.brokers.consumer_from_url`.
-consumer_from_url = NatsConsumer.from_url
+
+
+def consumer_from_url(url: str, **options: Any) -> NatsConsumer:
+    """Used by :func:`outboxer.brokers.consumer_from_url` (``name``, ``topics``, ``batch_size``)."""
+    return NatsConsumer(NatsConsumerSettings.from_url(url, **options))

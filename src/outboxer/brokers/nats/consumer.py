@@ -34,7 +34,6 @@ import contextlib
 import logging
 import re
 import ssl
-from collections.abc import Sequence
 from typing import Any
 
 import nats.errors
@@ -70,14 +69,6 @@ class NatsConsumer:
     def __init__(self, settings: NatsConsumerSettings) -> None:
         self.settings = settings
         self._client: Client | None = None
-
-    @classmethod
-    def from_url(
-        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
-    ) -> NatsConsumer:
-        return cls(
-            NatsConsumerSettings.from_url(url, name=name, topics=topics, batch_size=batch_size)
-        )
 
     def __repr__(self) -> str:
         return f"NatsConsumer({self.settings.connection.describe()}, name={self.settings.name!r})"

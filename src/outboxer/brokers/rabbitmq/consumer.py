@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,14 +220,6 @@ class RabbitMQConsumer:
         self.settings = settings
         self._link: _Link | None = None
         self._failures = 0
-
-    @classmethod
-    def from_url(
-        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
-    ) -> RabbitMQConsumer:
-        return cls(
-            RabbitMQConsumerSettings.from_url(url, name=name, topics=topics, batch_size=batch_size)
-        )
 
     def __repr__(self) -> str:
         url, queue = self.settings.connection.safe_url(), self.settings.queue

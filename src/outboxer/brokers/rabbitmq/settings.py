@@ -132,12 +132,7 @@ class RabbitMQSettings:
 
     @classmethod
     def from_url(cls, url: str) -> RabbitMQSettings:
-        """Parse ``amqp://`` / ``amqps://`` URLs (see the module docstring).
-
-        Raises:
-            ConfigurationError: the URL is malformed or has an unknown or invalid parameter;
-                the message never contains the password.
-        """
+        """Parse ``amqp://`` / ``amqps://`` URLs (see :mod:`.publisher`)."""
         return cls.from_parsed(urls.parse(url, SPEC))
 
     @classmethod

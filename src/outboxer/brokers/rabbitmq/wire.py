@@ -1,18 +1,8 @@
 """RabbitMQ (AMQP 0-9-1) wire format: the message's properties, encoded and decoded.
 
-=====================  ======================================================================
-AMQP field             value
-=====================  ======================================================================
-routing key            the message topic
-``message_id``         the outbox message id: consumers deduplicate on it
-``type``               event type; absent when the message has no type
-``timestamp``          ``created_at`` in whole seconds since the epoch (AMQP's resolution)
-``content_type``       MIME type of the body
-``delivery_mode``      2 (persistent)
-``headers``            the user headers, plus ``x-outbox-key`` = the message key when it has
-                       one (it replaces a user header of that name)
-body                   the payload bytes, unchanged
-=====================  ======================================================================
+The fields are listed in :mod:`outboxer.brokers.rabbitmq.publisher` (``message_id`` = the
+message id, ``type``, ``timestamp`` in whole seconds, ``content_type``, persistent delivery,
+user headers plus ``x-outbox-key`` = the key; routing key = topic).
 
 AMQP has no stable position for a message, so one not written by outboxer (no
 ``message_id``) gets a random id and cannot be deduplicated.

@@ -1,5 +1,7 @@
 """The Redis Streams broker: settings, wire format (:mod:`.wire`), publisher and consumer."""
 
+from typing import Any
+
 from outboxer.brokers.redis.consumer import RedisConsumer
 from outboxer.brokers.redis.publisher import RedisPublisher
 from outboxer.brokers.redis.settings import RedisConsumerSettings, RedisSettings
@@ -15,5 +17,8 @@ __all__ = [
 
 #: Used by :func:`outboxer.brokers.publisher_from_url`.
 publisher_from_url = RedisPublisher.from_url
-#: Used by :func:`outboxer.brokers.consumer_from_url`.
-consumer_from_url = RedisConsumer.from_url
+
+
+def consumer_from_url(url: str, **options: Any) -> RedisConsumer:
+    """Used by :func:`outboxer.brokers.consumer_from_url` (``name``, ``topics``, ``batch_size``)."""
+    return RedisConsumer(RedisConsumerSettings.from_url(url, **options))

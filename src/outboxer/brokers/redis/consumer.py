@@ -38,7 +38,6 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -68,14 +67,6 @@ class RedisConsumer:
         self.member = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._client: Redis | None = None
         self._groups_ready = False
-
-    @classmethod
-    def from_url(
-        cls, url: str, *, name: str, topics: Sequence[str], batch_size: int = 100
-    ) -> RedisConsumer:
-        return cls(
-            RedisConsumerSettings.from_url(url, name=name, topics=topics, batch_size=batch_size)
-        )
 
     def __repr__(self) -> str:
         url, group = self.settings.connection.safe_url(), self.settings.group

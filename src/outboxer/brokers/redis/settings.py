@@ -121,12 +121,7 @@ class RedisSettings:
 
     @classmethod
     def from_url(cls, url: str) -> RedisSettings:
-        """Parse ``redis://[[user]:password@]host[:port][/db][?options]`` (or ``rediss://``).
-
-        Raises:
-            ConfigurationError: one readable line naming the problem; the password is never
-                part of it.
-        """
+        """Parse ``redis://[[user]:password@]host[:port][/db][?options]`` (or ``rediss://``)."""
         return cls.from_parsed(urls.parse(url, SPEC))
 
     @classmethod
