@@ -94,30 +94,36 @@ class RedisSettings:
     ssl_cert_reqs: str = "required"
 
     def __post_init__(self) -> None:
-        if not self.host:
-            raise ConfigurationError("redis URL: a host is required, e.g. redis://127.0.0.1:6379/0")
-        if not 0 < self.port < 65536:
-            raise ConfigurationError(f"redis URL: port {self.port} is out of range")
-        if self.db < 0:
-            raise ConfigurationError(f"redis URL: database number {self.db} must be >= 0")
-        if self.maxlen is not None and self.maxlen < 1:
-            raise ConfigurationError(f"redis URL: maxlen={self.maxlen} must be a positive integer")
-        for name in ("connect_timeout", "socket_timeout"):
-            if not getattr(self, name) > 0:
-                raise ConfigurationError(f"redis URL: {name} must be a positive number of seconds")
-        if self.max_connections < 1:
-            raise ConfigurationError("redis URL: max_connections must be at least 1")
-        if self.client_name is not None and (
-            not self.client_name.isprintable() or " " in self.client_name
-        ):
+        name = self.client_name
+        # (refused, why): the first refused setting is reported.
+        checks = (
+            (not self.host, "a host is required, e.g. redis://127.0.0.1:6379/0"),
+            (not 0 < self.port < 65536, f"port {self.port} is out of range"),
+            (self.db < 0, f"database number {self.db} must be >= 0"),
+            (
+                self.maxlen is not None and self.maxlen < 1,
+                f"maxlen={self.maxlen} must be a positive integer",
+            ),
+            (not self.connect_timeout > 0, "connect_timeout must be a positive number of seconds"),
+            (not self.socket_timeout > 0, "socket_timeout must be a positive number of seconds"),
+            (self.max_connections < 1, "max_connections must be at least 1"),
             # Redis refuses such a name in CLIENT SETNAME, which would fail every connection.
-            raise ConfigurationError("redis URL: client_name must not contain spaces")
-        if self.ssl_cert_reqs not in CERT_REQS:
-            raise ConfigurationError(
-                f"redis URL: ssl_cert_reqs={self.ssl_cert_reqs!r}: use required, optional or none"
-            )
-        if not self.tls and self.ssl_ca_certs is not None:
-            raise ConfigurationError("redis URL: ssl_ca_certs needs a rediss:// (TLS) URL")
+            (
+                name is not None and (not name.isprintable() or " " in name),
+                "client_name must not contain spaces",
+            ),
+            (
+                self.ssl_cert_reqs not in CERT_REQS,
+                f"ssl_cert_reqs={self.ssl_cert_reqs!r}: use required, optional or none",
+            ),
+            (
+                not self.tls and self.ssl_ca_certs is not None,
+                "ssl_ca_certs needs a rediss:// (TLS) URL",
+            ),
+        )
+        for refused, why in checks:
+            if refused:
+                raise ConfigurationError(f"redis URL: {why}")
 
     @classmethod
     def from_url(cls, url: str) -> RedisSettings:
