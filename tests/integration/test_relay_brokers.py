@@ -1,11 +1,10 @@
-"""``outboxer relay`` end to end, for every broker (Kafka, RabbitMQ, NATS, Redis, HTTP webhooks):
-real processes, real brokers.
+"""``outboxer relay`` end to end, for every broker (Kafka, RabbitMQ, NATS, Redis, HTTP webhooks)
+and every server database (PostgreSQL, MariaDB): real processes, real brokers.
 
-For each broker: thousands of messages are delivered exactly once when nothing fails; and when
+For each pair: thousands of messages are delivered exactly once when nothing fails; and when
 the broker disappears behind a TCP proxy for ~20 s while messages keep coming, everything is
 delivered after it returns and the relay's attempts during the cut follow the outage backoff
-(1 s, 2 s, 4 s, 4 s, … with `--outage-base 1 --outage-cap 4`) instead of a hot loop.
-"""
+(1 s, 2 s, 4 s, 4 s, … with `--outage-base 1 --outage-cap 4`) instead of a hot loop."""
 
 from __future__ import annotations
 
@@ -31,8 +30,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 import outboxer
 from outboxer.config import TableNames
+from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
-from tests.conftest import require_service, unique_name
+from tests.conftest import mysql_connect, mysql_insert, require_service, unique_name
 from tests.http_receiver import HttpReceiver
 from tests.tansu import TansuBroker, create_topic, free_port
 from tests.tcp_proxy import TcpProxy
@@ -276,18 +276,56 @@ async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
     await end.cleanup()
 
 
-async def write(pg_url: str, schema: str, topic: str, start: int, count: int) -> list[str]:
-    outbox = outboxer.Outbox(schema=schema)
-    messages = [
-        {"topic": topic, "payload": {"n": n}, "key": f"k{n % 50}", "type": "Numbered"}
-        for n in range(start, start + count)
-    ]
-    conn = await asyncpg.connect(pg_url)
-    try:
-        async with conn.transaction():
-            return await outbox.enqueue_many_async(conn, messages)
-    finally:
-        await conn.close()
+class Database:
+    """The outbox database of a test: its URL and schema for the relay's command line, a store
+    of it for the test, and the application's writes."""
+
+    def __init__(self, url: str, schema: str) -> None:
+        self.url, self.schema = url, schema
+
+    def store(self) -> PostgresStore | MysqlStore:
+        names = TableNames(schema=self.schema)
+        return (
+            MysqlStore(self.url, names)
+            if self.url.startswith("mysql")
+            else PostgresStore(self.url, names)
+        )
+
+    def args(self) -> list[str]:
+        return ["--database-url", self.url, "--schema", self.schema]
+
+    async def write(self, topic: str, start: int, count: int) -> list[str]:
+        """Commit ``count`` messages of 50 keys in one transaction."""
+        numbered = range(start, start + count)
+        if self.url.startswith("mysql"):
+            conn = await mysql_connect(self.schema)
+            try:
+                messages = [
+                    (topic, {"n": n}, {"key": f"k{n % 50}", "type": "Numbered"}) for n in numbered
+                ]
+                return await mysql_insert(conn, self.schema, messages)
+            finally:
+                conn.close()
+        outbox = outboxer.Outbox(schema=self.schema)
+        batch = [
+            {"topic": topic, "payload": {"n": n}, "key": f"k{n % 50}", "type": "Numbered"}
+            for n in numbered
+        ]
+        conn = await asyncpg.connect(self.url)
+        try:
+            async with conn.transaction():
+                return await outbox.enqueue_many_async(conn, batch)
+        finally:
+            await conn.close()
+
+
+@pytest.fixture(params=["postgres", "mariadb"])
+def database(request: pytest.FixtureRequest) -> Database:
+    if request.param == "mariadb":
+        return Database(
+            request.getfixturevalue("mysql_url"), request.getfixturevalue("mysql_database")
+        )
+    return Database(request.getfixturevalue("pg_url"), request.getfixturevalue("pg_schema"))
 
 
 @contextlib.contextmanager
@@ -308,7 +346,7 @@ def relay_process(args: list[str], log: Path) -> Any:
             proc.wait()
 
 
-async def drained(store: PostgresStore, timeout: float) -> None:
+async def drained(store: PostgresStore | MysqlStore, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while (stats := await store.stats()).pending + stats.in_flight:
         assert time.monotonic() < deadline, f"not drained: {stats.to_json()}"
@@ -316,20 +354,13 @@ async def drained(store: PostgresStore, timeout: float) -> None:
 
 
 async def test_thousands_delivered_exactly_once(
-    broker: Broker, pg_url: str, pg_schema: str, topic: str, tmp_path: Path
+    broker: Broker, database: Database, topic: str, tmp_path: Path
 ) -> None:
     await broker.prepare(topic)
-    async with PostgresStore(pg_url, TableNames(schema=pg_schema)) as store:
+    async with database.store() as store:
         await store.migrate()
-        ids = await write(pg_url, pg_schema, topic, 0, 5000)
-        args = [
-            "--database-url",
-            pg_url,
-            "--schema",
-            pg_schema,
-            "--broker",
-            broker.url(broker.target[1]),
-        ]
+        ids = await database.write(topic, 0, 5000)
+        args = [*database.args(), "--broker", broker.url(broker.target[1])]
         with relay_process(args, tmp_path / "relay.log") as proc:
             await drained(store, 60)
         assert proc.returncode == 0
@@ -340,20 +371,14 @@ async def test_thousands_delivered_exactly_once(
 
 
 async def test_broker_outage_of_20_seconds_loses_nothing_and_backs_off(
-    broker: Broker, pg_url: str, pg_schema: str, topic: str, tmp_path: Path
+    broker: Broker, database: Database, topic: str, tmp_path: Path
 ) -> None:
     log = tmp_path / "relay.log"
-    async with (
-        PostgresStore(pg_url, TableNames(schema=pg_schema)) as store,
-        TcpProxy(*broker.target) as proxy,
-    ):
+    async with database.store() as store, TcpProxy(*broker.target) as proxy:
         await broker.prepare(topic, via=proxy.port)
         await store.migrate()
         args = [
-            "--database-url",
-            pg_url,
-            "--schema",
-            pg_schema,
+            *database.args(),
             "--broker",
             broker.url(proxy.port),
             "--outage-base",
@@ -362,11 +387,11 @@ async def test_broker_outage_of_20_seconds_loses_nothing_and_backs_off(
             "4",
         ]
         with relay_process(args, log):
-            ids = await write(pg_url, pg_schema, topic, 0, 1500)
+            ids = await database.write(topic, 0, 1500)
             await drained(store, 60)
             await proxy.cut()
             cut_at = time.monotonic()
-            ids += await write(pg_url, pg_schema, topic, 1500, 1500)  # keeps coming
+            ids += await database.write(topic, 1500, 1500)  # keeps coming
             await asyncio.sleep(20)
             pending = (await store.stats()).pending
             await proxy.restore()

@@ -9,12 +9,11 @@ import asyncmy
 import pytest
 
 from outboxer.config import RelaySettings, TableNames
-from outboxer.outbox import Outbox
 from outboxer.relay import Relay
 from outboxer.stores import _sql
 from outboxer.stores.mysql import MysqlStore
 from outboxer.testing import RecordingPublisher
-from tests.conftest import mysql_connect
+from tests.conftest import mysql_connect, mysql_insert
 from tests.contracts.store import StoreContract
 
 
@@ -22,15 +21,8 @@ async def enqueue(
     conn: asyncmy.Connection, database: str, topic: str, payload: object, **options: Any
 ) -> str:
     """One message through the application's connection, in its open transaction (if any)."""
-    row = Outbox().row(topic, payload, **options)
-    async with conn.cursor() as cur:
-        await cur.execute(
-            f"INSERT INTO `{database}`.`outbox` "
-            "(id, topic, `key`, type, payload, content_type, headers, available_at) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, COALESCE(%s, UTC_TIMESTAMP(6)))",
-            (*row[:-1], row.available_at.replace(tzinfo=None) if row.available_at else None),
-        )
-    return row.id
+    [message_id] = await mysql_insert(conn, database, [(topic, payload, options)])
+    return message_id
 
 
 class TestMysqlStore(StoreContract):
