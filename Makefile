@@ -4,16 +4,21 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit soak bench clean chromium
+.PHONY: demo test lint unit soak bench clean chromium mysqlclient-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # Reinstall whenever the dependencies change.
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml | $(BIN)/python mysqlclient-deps
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# mysqlclient (a MySQL driver the write API is tested with) compiles against libmariadb.
+mysqlclient-deps:
+	@pkg-config --exists libmariadb 2>/dev/null || (apt-get update -qq && \
+		apt-get install -y -qq libmariadb-dev pkg-config >/dev/null)
 
 demo: $(STAMP)
 	$(BIN)/outboxer demo
@@ -29,7 +34,7 @@ lint: $(STAMP)
 chromium:
 	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-# The whole suite against the real services (PostgreSQL, RabbitMQ, NATS, Redis on this machine;
+# The whole suite against the real services (PostgreSQL, MariaDB, RabbitMQ, NATS, Redis here;
 # the Kafka-protocol broker Tansu is started by the tests). Chaos tests (they kill relays and
 # restart PostgreSQL) run afterwards, one at a time. Long soaks are `make soak`.
 test: lint chromium

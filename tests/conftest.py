@@ -6,20 +6,17 @@ skipped.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import asyncmy
 import asyncpg
 import pytest
 
 from outboxer.config import TableNames
-from outboxer.outbox import Outbox
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
@@ -112,27 +109,6 @@ async def mysql_connect(database: str | None = None) -> asyncmy.Connection:
     return await asyncmy.connect(
         host="127.0.0.1", port=3306, user="root", database=database, autocommit=True
     )
-
-
-async def mysql_insert(
-    conn: asyncmy.Connection, database: str, messages: Sequence[tuple[str, object, dict[str, Any]]]
-) -> list[str]:
-    """Write ``(topic, payload, options)`` messages through an application's connection, in its
-    open transaction if any (until the MySQL writers land, the test's own INSERT)."""
-    rows = [Outbox().row(topic, payload, **options) for topic, payload, options in messages]
-    async with conn.cursor() as cur:
-        await cur.executemany(
-            f"INSERT INTO `{database}`.`outbox` "
-            "(id, topic, `key`, type, payload, content_type, headers, available_at) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, COALESCE(%s, UTC_TIMESTAMP(6)))",
-            [
-                (*row[:-1], row.available_at.astimezone(dt.UTC).replace(tzinfo=None))
-                if row.available_at
-                else (*row[:-1], None)
-                for row in rows
-            ],
-        )
-    return [row.id for row in rows]
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ import outboxer
 from outboxer.config import TableNames
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
-from tests.conftest import mysql_connect, mysql_insert, require_service, unique_name
+from tests.conftest import mysql_connect, require_service, unique_name
 from tests.http_receiver import HttpReceiver
 from tests.tansu import TansuBroker, create_topic, free_port
 from tests.tcp_proxy import TcpProxy
@@ -296,27 +296,26 @@ class Database:
 
     async def write(self, topic: str, start: int, count: int) -> list[str]:
         """Commit ``count`` messages of 50 keys in one transaction."""
-        numbered = range(start, start + count)
-        if self.url.startswith("mysql"):
-            conn = await mysql_connect(self.schema)
-            try:
-                messages = [
-                    (topic, {"n": n}, {"key": f"k{n % 50}", "type": "Numbered"}) for n in numbered
-                ]
-                return await mysql_insert(conn, self.schema, messages)
-            finally:
-                conn.close()
         outbox = outboxer.Outbox(schema=self.schema)
         batch = [
             {"topic": topic, "payload": {"n": n}, "key": f"k{n % 50}", "type": "Numbered"}
-            for n in numbered
+            for n in range(start, start + count)
         ]
-        conn = await asyncpg.connect(self.url)
+        if self.url.startswith("mysql"):
+            conn = await mysql_connect(self.schema)
+            try:
+                await conn.begin()
+                ids = await outbox.enqueue_many_async(conn, batch)
+                await conn.commit()
+                return ids
+            finally:
+                conn.close()
+        pg = await asyncpg.connect(self.url)
         try:
-            async with conn.transaction():
-                return await outbox.enqueue_many_async(conn, batch)
+            async with pg.transaction():
+                return await outbox.enqueue_many_async(pg, batch)
         finally:
-            await conn.close()
+            await pg.close()
 
 
 @pytest.fixture(params=["postgres", "mariadb"])

@@ -9,11 +9,12 @@ import asyncmy
 import pytest
 
 from outboxer.config import RelaySettings, TableNames
+from outboxer.outbox import Outbox
 from outboxer.relay import Relay
 from outboxer.stores import _sql
 from outboxer.stores.mysql import MysqlStore
 from outboxer.testing import RecordingPublisher
-from tests.conftest import mysql_connect, mysql_insert
+from tests.conftest import mysql_connect
 from tests.contracts.store import StoreContract
 
 
@@ -21,8 +22,7 @@ async def enqueue(
     conn: asyncmy.Connection, database: str, topic: str, payload: object, **options: Any
 ) -> str:
     """One message through the application's connection, in its open transaction (if any)."""
-    [message_id] = await mysql_insert(conn, database, [(topic, payload, options)])
-    return message_id
+    return await Outbox(schema=database).enqueue_async(conn, topic, payload, **options)
 
 
 class TestMysqlStore(StoreContract):

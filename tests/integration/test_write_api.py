@@ -19,10 +19,14 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import aiomysql
 import aiosqlite
+import asyncmy
 import asyncpg
+import MySQLdb
 import psycopg
 import pydantic
+import pymysql
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
@@ -212,9 +216,122 @@ async def sqlalchemy_aiosqlite_tx(path: str) -> AsyncIterator[Any]:
         yield conn
 
 
+@contextlib.contextmanager
+def pymysql_tx(database: str, cursor: bool = False) -> Iterator[Any]:
+    conn = pymysql.connect(host="127.0.0.1", user="root", database=database)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("START TRANSACTION")
+            yield cur if cursor else conn
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def pymysql_cursor_tx(database: str) -> Iterator[Any]:
+    with pymysql_tx(database, cursor=True) as cursor:
+        yield cursor
+
+
+@contextlib.contextmanager
+def mysqlclient_tx(database: str) -> Iterator[Any]:
+    conn = MySQLdb.connect(host="127.0.0.1", user="root", database=database)
+    try:
+        yield conn  # MySQLdb connections start outside autocommit: the INSERT opens a tx
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    finally:
+        conn.close()
+
+
+@contextlib.asynccontextmanager
+async def asyncmy_tx(database: str) -> AsyncIterator[Any]:
+    conn = await asyncmy.connect(host="127.0.0.1", user="root", database=database)
+    try:
+        await conn.begin()
+        yield conn
+        await conn.commit()
+    except BaseException:
+        await conn.rollback()
+        raise
+    finally:
+        conn.close()
+
+
+@contextlib.asynccontextmanager
+async def asyncmy_pool_tx(database: str) -> AsyncIterator[Any]:
+    async with (
+        asyncmy.create_pool(host="127.0.0.1", user="root", database=database, maxsize=1) as pool,
+        pool.acquire() as conn,
+    ):
+        await conn.begin()
+        try:
+            yield conn
+            await conn.commit()
+        except BaseException:
+            await conn.rollback()
+            raise
+
+
+@contextlib.asynccontextmanager
+async def aiomysql_tx(database: str) -> AsyncIterator[Any]:
+    conn = await aiomysql.connect(host="127.0.0.1", user="root", db=database)
+    try:
+        await conn.begin()
+        yield conn
+        await conn.commit()
+    except BaseException:
+        await conn.rollback()
+        raise
+    finally:
+        conn.close()
+
+
+def mysql_url(database: str, driver: str, dialect: str = "mysql") -> str:
+    return f"{dialect}+{driver}://root@127.0.0.1:3306/{database}"
+
+
+@contextlib.contextmanager
+def sqlalchemy_mysql_session_tx(database: str) -> Iterator[Any]:
+    with (
+        engine(mysql_url(database, "pymysql"), "") as made,
+        Session(made) as session,
+        session.begin(),
+    ):
+        yield session
+
+
+@contextlib.contextmanager
+def sqlalchemy_mariadb_connection_tx(database: str) -> Iterator[Any]:
+    with engine(mysql_url(database, "pymysql", "mariadb"), "") as made, made.begin() as conn:
+        yield conn
+
+
+@contextlib.asynccontextmanager
+async def sqlalchemy_asyncmy_session_tx(database: str) -> AsyncIterator[Any]:
+    async with (
+        async_engine(mysql_url(database, "asyncmy"), "") as made,
+        AsyncSession(made) as session,
+        session.begin(),
+    ):
+        yield session
+
+
+@contextlib.asynccontextmanager
+async def sqlalchemy_aiomysql_connection_tx(database: str) -> AsyncIterator[Any]:
+    async with async_engine(mysql_url(database, "aiomysql"), "") as made, made.begin() as conn:
+        yield conn
+
+
 @dataclasses.dataclass(frozen=True)
 class Kind:
-    """A way of holding a connection in a transaction, on PostgreSQL or SQLite."""
+    """A way of holding a connection in a transaction, on PostgreSQL, SQLite or MariaDB."""
 
     open: Callable[[str], Any]  # target -> (async) context manager of a connection in a tx
     database: str
@@ -253,6 +370,21 @@ KINDS = [
             sqlalchemy_sqlite_tx,
             aiosqlite_tx,
             sqlalchemy_aiosqlite_tx,
+        )
+    ),
+    *(
+        Kind(opener, "mysql")
+        for opener in (
+            pymysql_tx,
+            pymysql_cursor_tx,
+            mysqlclient_tx,
+            asyncmy_tx,
+            asyncmy_pool_tx,
+            aiomysql_tx,
+            sqlalchemy_mysql_session_tx,
+            sqlalchemy_mariadb_connection_tx,
+            sqlalchemy_asyncmy_session_tx,
+            sqlalchemy_aiomysql_connection_tx,
         )
     ),
 ]
@@ -296,14 +428,26 @@ class Database:
     async def rows(self) -> list[dict[str, Any]]:
         """Every outbox row in write order, as comparable values."""
         headers = "headers::text" if self.kind.database == "postgres" else "headers"
+        key = "`key`" if self.kind.database == "mysql" else "key"
         found = await self.store.execute(
-            "SELECT id, topic, key, type, payload, content_type, "
+            f"SELECT id, topic, {key}, type, payload, content_type, "
             f"{headers} AS headers, available_at, created_at FROM {{outbox}} ORDER BY seq"
         )
         return [
-            {**dict(r), "payload": bytes(r["payload"]), "headers": json.loads(r["headers"])}
+            {
+                **{name: mysql_value(value) for name, value in dict(r).items()},
+                "payload": bytes(r["payload"]),
+                "headers": json.loads(r["headers"]),
+            }
             for r in found
         ]
+
+
+def mysql_value(value: Any) -> Any:
+    """MySQL's UTC DATETIME as an aware datetime."""
+    if isinstance(value, dt.datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value
 
 
 @pytest.fixture(params=KINDS, ids=str)
@@ -313,6 +457,10 @@ def database(request: pytest.FixtureRequest) -> Database:
         store = request.getfixturevalue("pg_store")
         url = request.getfixturevalue("pg_url")
         return Database(kind, url, store, outboxer.Outbox(schema=store.names.schema))
+    if kind.database == "mysql":
+        store = request.getfixturevalue("mysql_store")
+        database = request.getfixturevalue("mysql_database")
+        return Database(kind, database, store, outboxer.Outbox(schema=database))
     store = request.getfixturevalue("sqlite_store")
     return Database(kind, str(request.getfixturevalue("sqlite_path")), store, outboxer.Outbox())
 

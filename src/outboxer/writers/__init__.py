@@ -13,9 +13,9 @@ trip or a few (``insert_many``). This package finds the writer of a connection:
 
 A writer module is imported only when a connection of its driver is first seen.
 
-Adding a driver family (e.g. MySQL: PyMySQL, mysqlclient, aiomysql, asyncmy): write
-``writers/<family>.py`` with a :class:`SyncWriter` and/or :class:`AsyncWriter` object (see
-``writers/sqlite3.py`` for the smallest one), add its connection classes to
+Adding a driver family (as ``writers/mysql.py`` did for PyMySQL, mysqlclient, asyncmy and
+aiomysql): write ``writers/<family>.py`` with a :class:`SyncWriter` and/or :class:`AsyncWriter`
+object (see ``writers/sqlite3.py`` for the smallest one), add its connection classes to
 :data:`CONNECTIONS`, and a case to ``tests/integration/test_write_api.py``.
 """
 
@@ -112,6 +112,14 @@ CONNECTIONS: tuple[Known, ...] = (
     Known("psycopg", "AsyncCursor", "outboxer.writers.psycopg:ASYNC"),
     # also asyncpg.pool.PoolConnectionProxy: asyncpg makes it pass isinstance(Connection)
     Known("asyncpg", "Connection", "outboxer.writers.asyncpg:ASYNC"),
+    Known("pymysql.connections", "Connection", "outboxer.writers.mysql:SYNC"),
+    Known("pymysql.cursors", "Cursor", "outboxer.writers.mysql:SYNC"),
+    Known("MySQLdb.connections", "Connection", "outboxer.writers.mysql:SYNC"),
+    Known("MySQLdb.cursors", "BaseCursor", "outboxer.writers.mysql:SYNC"),
+    Known("asyncmy.connection", "Connection", "outboxer.writers.mysql:ASYNC"),
+    Known("asyncmy.cursors", "Cursor", "outboxer.writers.mysql:ASYNC"),
+    Known("aiomysql.connection", "Connection", "outboxer.writers.mysql:AIOMYSQL"),
+    Known("aiomysql.cursors", "Cursor", "outboxer.writers.mysql:AIOMYSQL"),
     Known("sqlalchemy.orm", "Session", "outboxer.writers.sqlalchemy:SYNC"),
     Known("sqlalchemy.engine", "Connection", "outboxer.writers.sqlalchemy:SYNC"),
     Known("sqlalchemy.ext.asyncio", "AsyncSession", "outboxer.writers.sqlalchemy:ASYNC"),
@@ -166,7 +174,8 @@ def writer_for(conn: Any) -> tuple[Writer, Any]:
         raise ConfigurationError(
             f"enqueue() does not know connections of type {type(conn).__module__}."
             f"{type(conn).__qualname__}: pass a SQLAlchemy Session/Connection (sync or async), "
-            "a psycopg 3 connection, an asyncpg connection or a sqlite3/aiosqlite connection"
+            "a psycopg 3, asyncpg, sqlite3, aiosqlite, PyMySQL, mysqlclient, asyncmy or "
+            "aiomysql connection"
         )
     return found
 

@@ -1,14 +1,15 @@
-"""The SQLAlchemy writer: sync ``Session``/``Connection`` and async twins, on PostgreSQL or SQLite.
+"""The SQLAlchemy writer: sync ``Session``/``Connection`` and async twins, on PostgreSQL, SQLite,
+MySQL or MariaDB.
 
 One row goes through SQLAlchemy (``execute`` of a ``text()`` INSERT), so it joins the session's
 transaction like any statement of the application, flushing the session first and visible to
 its event listeners and logging.
 
-Many rows go to the writer of the driver underneath (psycopg or asyncpg: COPY) when that
-driver's connection is already inside SQLAlchemy's transaction: SQLAlchemy's own
-``executemany`` is 3-4× slower. SQLAlchemy's asyncpg adapter opens its transaction only at its
-first statement, so before that (and for drivers outboxer has no writer for) the rows go through
-SQLAlchemy's ``executemany``.
+Many rows go to the writer of the driver underneath (psycopg or asyncpg: COPY; the MySQL
+drivers: multi-row INSERTs) when that driver's connection is already inside SQLAlchemy's
+transaction: SQLAlchemy's own ``executemany`` is 3-4× slower. SQLAlchemy's asyncpg adapter
+opens its transaction only at its first statement, so before that (and for drivers outboxer has
+no writer for) the rows go through SQLAlchemy's ``executemany``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
 from outboxer.message import Row
 from outboxer.writers import find_writer
+from outboxer.writers.mysql import params as mysql_params
 from outboxer.writers.sqlite3 import params as sqlite_params
 
 __all__ = ["ASYNC", "SYNC", "AsyncSqlalchemyWriter", "SqlalchemyWriter"]
@@ -35,7 +37,14 @@ _VALUES = {
     "CAST(:headers AS jsonb), COALESCE(CAST(:available_at AS timestamptz), now()))",
     "sqlite": "VALUES (:id, :topic, :key, :type, :payload, :content_type, :headers, "
     "COALESCE(:available_at, (julianday('now') - 2440587.5) * 86400.0))",
+    "mysql": "VALUES (:id, :topic, :key, :type, :payload, :content_type, :headers, "
+    "COALESCE(:available_at, UTC_TIMESTAMP(6)))",
+    # aiomysql cannot send bytes (see outboxer.writers.mysql): the payload goes as hex
+    "mysql+aiomysql": "VALUES (:id, :topic, :key, :type, UNHEX(:payload), :content_type, "
+    ":headers, COALESCE(:available_at, UTC_TIMESTAMP(6)))",
 }
+#: How each dialect quotes the table and column names.
+_QUOTE = {"mysql": "`", "mysql+aiomysql": "`"}
 
 
 @cache
@@ -47,16 +56,27 @@ def _insert(names: TableNames, dialect: str) -> TextClause:
         raise ConfigurationError(
             f"outboxer cannot write to {dialect!r} through SQLAlchemy"
         ) from None
-    return text(f"INSERT INTO {names.qualified()} ({', '.join(Row._fields)}) {values}")
+    quote = _QUOTE.get(dialect, '"')
+    columns = ", ".join(f"{quote}{field}{quote}" for field in Row._fields)
+    return text(f"INSERT INTO {names.qualified(quote=quote)} ({columns}) {values}")
 
 
 def _params(row: Row, dialect: str) -> dict[str, Any]:
-    return dict(zip(Row._fields, sqlite_params(row) if dialect == "sqlite" else row, strict=True))
+    if dialect == "sqlite":
+        values = sqlite_params(row)
+    elif dialect in _QUOTE:
+        values = mysql_params(row, hex_payload=dialect == "mysql+aiomysql")
+    else:
+        values = row
+    return dict(zip(Row._fields, values, strict=True))
 
 
 def _dialect(conn: Session | Connection | AsyncSession | AsyncConnection) -> str:
+    """The SQL dialect to write in: SQLAlchemy's dialect name (MariaDB's is MySQL's), with the
+    driver where it matters."""
     bind = conn.get_bind() if isinstance(conn, Session | AsyncSession) else conn
-    return bind.dialect.name
+    name = "mysql" if bind.dialect.name == "mariadb" else bind.dialect.name
+    return f"{name}+aiomysql" if name == "mysql" and bind.dialect.driver == "aiomysql" else name
 
 
 class SqlalchemyWriter:

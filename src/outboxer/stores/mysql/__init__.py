@@ -30,7 +30,7 @@ from outboxer.stores import _sql
 from outboxer.stores.mysql.admin import MysqlAdmin
 from outboxer.stores.mysql.connection import URL_SPEC, Conn, MysqlDatabase, fetch_all
 from outboxer.stores.mysql.inbox import MysqlInbox
-from outboxer.stores.mysql.relay import MysqlRelay
+from outboxer.stores.mysql.relay import MysqlRelay, text_row
 from outboxer.stores.mysql.schema import MysqlSchema
 from outboxer.stores.mysql.sweeper import MysqlSweeper
 
@@ -66,10 +66,11 @@ class MysqlStore(MysqlRelay, MysqlSweeper, MysqlAdmin, MysqlSchema, MysqlInbox):
         await self.db.close()
 
     async def execute(self, sql: str, args: Any = None) -> Sequence[dict[str, Any]]:
-        """Run SQL with the outbox placeholders rendered (tests and benchmarks)."""
+        """Run SQL with the outbox placeholders rendered (tests and benchmarks); VARBINARY
+        text columns (id, topic, key ...) come back as text."""
         rendered = _sql.render(sql, self.names, quote="`")
 
         async def run(conn: Conn) -> list[dict[str, Any]]:
-            return await fetch_all(conn, rendered, args)
+            return [text_row(row) for row in await fetch_all(conn, rendered, args)]
 
         return await self.db.run(run)

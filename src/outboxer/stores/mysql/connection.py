@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from asyncio import CancelledError
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -214,6 +215,11 @@ class MysqlDatabase:
                 async with self.pool.acquire() as conn:
                     return await operation(conn)
             except BaseException as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling() and not isinstance(exc, CancelledError):
+                    # asyncmy closes a connection whose statement was cancelled, and a cleanup
+                    # statement on it then fails: the cancellation is what happened.
+                    raise CancelledError from exc
                 if error_code(exc) in _RETRIED_CODES and attempt < _ATTEMPTS:
                     log.debug("retrying after %s", exc)
                     continue
@@ -258,6 +264,12 @@ async def fetch_value(conn: Conn, sql: str, args: Mapping[str, Any] | None = Non
         await cur.execute(sql, args)
         row = await cur.fetchone()
         return row[0] if row else None
+
+
+async def release_lock(conn: Conn, name: str) -> None:
+    """``RELEASE_LOCK``, unless the connection is gone: a named lock dies with its connection."""
+    with contextlib.suppress(mysql_errors.InterfaceError, mysql_errors.OperationalError):
+        await fetch_value(conn, "SELECT RELEASE_LOCK(%(name)s)", {"name": name})
 
 
 @contextlib.asynccontextmanager

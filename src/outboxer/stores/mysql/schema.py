@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from outboxer.errors import SchemaError
 from outboxer.stores import _sql
-from outboxer.stores.mysql.connection import Conn, MysqlDatabase, execute, fetch_value
+from outboxer.stores.mysql.connection import (
+    Conn,
+    MysqlDatabase,
+    execute,
+    fetch_value,
+    release_lock,
+)
 
 __all__ = ["MysqlSchema", "latest_version"]
 
@@ -35,15 +41,19 @@ class MysqlSchema:
 
         ``target`` stops at that version (tests of the upgrade path).
         """
-        lock = {"lock": self.db.lock_name("upgrade"), "wait": _UPGRADE_LOCK_SECONDS}
+        lock = self.db.lock_name("upgrade")
 
         async def upgrade(conn: Conn) -> list[int]:
-            if not await fetch_value(conn, "SELECT GET_LOCK(%(lock)s, %(wait)s)", lock):
+            if not await fetch_value(
+                conn,
+                "SELECT GET_LOCK(%(lock)s, %(wait)s)",
+                {"lock": lock, "wait": _UPGRADE_LOCK_SECONDS},
+            ):
                 raise SchemaError("another 'outboxer db upgrade' is still running")
             try:
                 return await self._upgrade(conn, target)
             finally:
-                await fetch_value(conn, "SELECT RELEASE_LOCK(%(lock)s)", lock)
+                await release_lock(conn, lock)
 
         return await self.db.run(upgrade)
 

@@ -17,6 +17,7 @@ from outboxer.stores.mysql.connection import (
     execute,
     fetch_one,
     fetch_value,
+    release_lock,
     transaction,
 )
 from outboxer.stores.mysql.relay import micros
@@ -33,11 +34,11 @@ class MysqlSweeper:
         self, *, sweeper: str, interval: float, retention_seconds: float, batch_size: int
     ) -> SweepReport | None:
         q = self.db.queries
-        lock = {"lock": self.db.lock_name("sweep")}
+        lock = self.db.lock_name("sweep")
 
         async def sweep(conn: Conn) -> SweepReport | None:
             won = await fetch_value(
-                conn, q["sweep_lock"], {**lock, "interval_us": micros(interval)}
+                conn, q["sweep_lock"], {"lock": lock, "interval_us": micros(interval)}
             )
             try:
                 if not won:
@@ -57,7 +58,7 @@ class MysqlSweeper:
                     row = await fetch_one(conn, q["last_sweep"])
                 return sweep_report(row) if row is not None else None
             finally:
-                await fetch_value(conn, q["sweep_unlock"], lock)
+                await release_lock(conn, lock)
 
         report = await self.db.run(sweep)
         if report is not None:  # this instance won the sweep: the inbox part follows

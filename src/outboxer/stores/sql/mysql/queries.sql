@@ -114,9 +114,6 @@ SELECT GET_LOCK(%(lock)s, 0) = 1
                OR started_at <= UTC_TIMESTAMP(6) - INTERVAL %(interval_us)s MICROSECOND
         FROM {sweeps} WHERE name = 'default') AS won
 
--- name: sweep_unlock
-SELECT RELEASE_LOCK(%(lock)s)
-
 -- name: sweep_purge
 -- Dead letters past their retention, a bounded batch per sweep, oldest first.
 DELETE FROM {dead_letters}
