@@ -41,7 +41,7 @@ from pydantic import BaseModel, Field
 import outboxer
 from outboxer.admin import create_app
 from outboxer.config import TableNames
-from outboxer.stores import store_from_url
+from outboxer.stores import open_store
 
 ORDERS_DDL = """
 CREATE TABLE IF NOT EXISTS {orders} (
@@ -94,7 +94,7 @@ def create_service(
     orders = f'"{schema}"."orders"' if schema else '"orders"'
     # The admin app reads dead letters and stats through a store; the service owns it (opened
     # and closed in the lifespan below: Starlette does not run a mounted app's lifespan).
-    store = store_from_url(database_url, names)
+    store = open_store(database_url, names)
     state: dict[str, asyncpg.Pool] = {}
 
     @contextlib.asynccontextmanager

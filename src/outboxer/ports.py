@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
@@ -41,13 +42,17 @@ __all__ = [
     "DatabaseStore",
     "FailurePolicy",
     "InboxHandler",
+    "InboxReceipt",
+    "InboxSession",
     "InboxStore",
+    "InboxTransaction",
     "MessageFilter",
     "MessagePage",
     "MessageReader",
     "MessageState",
     "OutboxMessage",
     "OutboxStats",
+    "PendingFailure",
     "Publisher",
     "RelayInfo",
     "RelayStore",
@@ -531,6 +536,132 @@ class ConsumeFailure:
 FailurePolicy = Callable[[Message, int, Exception], ConsumeFailure]
 
 
+@dataclass(frozen=True, slots=True)
+class InboxReceipt:
+    """What recording a delivery in the inbox found.
+
+    Attributes:
+        fresh: The pair (consumer, message id) was not there: it is recorded now, in the open
+            transaction; ``False`` means a duplicate.
+        blocked: An earlier message of the same key is still failing for this consumer, so
+            this one must wait behind it (its inbox row then has no expiry).
+    """
+
+    fresh: bool
+    blocked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PendingFailure:
+    """A failed consumption taken for a re-drive (locked until its transaction ends).
+
+    Attributes:
+        seq: The failure's row, for the updates of this re-drive.
+        message: The whole message, as it was first delivered.
+        attempts: Failed attempts so far (0 for a message that waited behind its key).
+        handled: The inbox says the message was handled meanwhile (a replayed dead letter the
+            broker delivered again): nothing to run, the failure is forgotten.
+    """
+
+    seq: int
+    message: Message
+    attempts: int
+    handled: bool
+
+
+class InboxTransaction(Protocol):
+    """The SQL of the inbox, inside one open transaction of an :class:`InboxSession`.
+
+    The consume state machine (:mod:`outboxer.inbox.consume`) is written once against these
+    primitives; a store supplies only their statements. Every method runs in the transaction
+    the session opened, so the handler's writes and the inbox rows commit together.
+    """
+
+    async def receive(
+        self, consumer: str, messages: Sequence[Message], retention: float
+    ) -> list[InboxReceipt]:
+        """Record (consumer, id) of each message unless it is there already; rows of messages
+        that are not blocked expire after ``retention`` seconds. One receipt per message.
+
+        Takes a sequence so that a store may deduplicate a whole delivery batch in one round
+        trip; today the core passes one message at a time."""
+        ...
+
+    async def run_handler(
+        self, handler: InboxHandler, message: Message, attempt: int
+    ) -> Exception | None:
+        """Run ``handler`` on this transaction's connection; return its exception after undoing
+        its writes (a savepoint), or ``None``. A handler that left the transaction unusable
+        (it swallowed a database error) counts as failed."""
+        ...
+
+    async def keep_inbox_row(
+        self, consumer: str, message_id: str, expires_in: float | None
+    ) -> bool:
+        """After a failed first attempt: make sure (consumer, id) stays recorded, for
+        ``expires_in`` seconds or, with ``None``, until a pending retry ends. ``False`` when
+        the row turned out to come from another delivery that handled the message meanwhile
+        (then nothing else is recorded: the outcome is ``duplicate``)."""
+        ...
+
+    async def record_failure(
+        self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
+    ) -> None:
+        """Store a failed (or, with ``attempts`` 0, a waiting) first delivery with the whole
+        message: ``retrying`` after ``failure.retry_in`` seconds, or ``dead``."""
+        ...
+
+    async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
+        """Add (or, when another consumer gave up too, update) the consume dead letter."""
+        ...
+
+    async def end_message(self) -> None:
+        """One message's part of the transaction is done (a store that runs a batch in one
+        transaction closes that message's savepoint here)."""
+        ...
+
+    async def lock_failure(self, consumer: str, message_id: str) -> PendingFailure | None:
+        """Take a due failure for a re-drive; ``None`` when another instance has it or it is
+        no longer due."""
+        ...
+
+    async def delete_failure(self, seq: int) -> None:
+        """Forget a failure (handled now, or handled elsewhere)."""
+        ...
+
+    async def update_failure(self, seq: int, attempts: int, failure: ConsumeFailure) -> None:
+        """A re-drive failed again: retry after ``failure.retry_in`` seconds, or give up
+        (``None``: the failure row becomes ``dead``)."""
+        ...
+
+    async def set_done(self, consumer: str, message_id: str, retention: float) -> None:
+        """The message is handled or given up: its inbox row expires after ``retention``."""
+        ...
+
+
+class InboxSession(Protocol):
+    """One connection of the inbox, held while a chunk of deliveries (or a round of re-drives)
+    is processed; its transactions run one after the other."""
+
+    def transaction(self) -> AbstractAsyncContextManager[InboxTransaction]:
+        """A transaction for one message (its handler runs in a savepoint)."""
+        ...
+
+    def batch_transaction(self) -> AbstractAsyncContextManager[InboxTransaction]:
+        """One transaction for many messages; a failing handler undoes only its own message
+        (see ``InboxSettings.batch_transactions``)."""
+        ...
+
+    async def due_failures(self, consumer: str, limit: int) -> list[str]:
+        """Ids of up to ``limit`` due failed consumptions, soonest first, only the earliest
+        waiting message of each key."""
+        ...
+
+    async def count_retries(self, count: int) -> None:
+        """Add ``count`` re-drive attempts to the figures of the next sweep report."""
+        ...
+
+
 @runtime_checkable
 class InboxStore(Protocol):
     """Where consumers record what they processed, in the transaction of the handler's writes.
@@ -538,46 +669,12 @@ class InboxStore(Protocol):
     The pair (consumer, message id) is inserted in the same transaction as everything the
     handler writes through the connection it is given, so a redelivered message finds the pair
     and has no second effect. Inbox rows are kept ``retention_seconds`` after the message was
-    handled (or given up), then purged by the sweep.
+    handled (or given up), then purged by the sweep. What happens to a delivery is decided
+    once, in :mod:`outboxer.inbox.consume`; a store offers only sessions of SQL primitives.
     """
 
-    async def consume(
-        self,
-        consumer: str,
-        messages: Sequence[Message],
-        handler: InboxHandler,
-        *,
-        on_failure: FailurePolicy,
-        retention_seconds: float,
-        single_transaction: bool = False,
-    ) -> list[ConsumeOutcome]:
-        """Run ``handler`` for messages delivered by the broker, at most once per consumer.
-
-        One transaction per message, in the given order (the caller passes messages of one key
-        in delivery order), or with ``single_transaction`` one for all of them (fewer round
-        trips; each message still has a savepoint, so a failing handler undoes only its own
-        writes). Returns one outcome per message once all are committed, so the caller may then
-        acknowledge them to the broker. A handler exception is not raised: it is recorded
-        (``retrying``/``dead``).
-
-        Raises:
-            StoreUnavailable: the database failed; the outcomes of some messages may be
-                committed, the others not: acknowledge none of them (redelivered messages that
-                were committed are duplicates then).
-        """
-        ...
-
-    async def redrive_consume_failures(
-        self,
-        consumer: str,
-        handler: InboxHandler,
-        *,
-        on_failure: FailurePolicy,
-        retention_seconds: float,
-        limit: int,
-    ) -> list[ConsumeOutcome]:
-        """Run ``handler`` again for up to ``limit`` failed consumptions that are due, oldest
-        first, only the earliest waiting message of each key; one transaction each."""
+    def inbox_session(self) -> AbstractAsyncContextManager[InboxSession]:
+        """A connection for a chunk of deliveries; driver errors leave it as ``StoreError``."""
         ...
 
 

@@ -14,11 +14,12 @@ adapters (outboxer's own contract tests run against them too), so application co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outboxer.errors import ConfigurationError, NotFound, PublishError
 from outboxer.message import Message
@@ -26,19 +27,21 @@ from outboxer.outbox import Outbox
 from outboxer.ports import (
     Claim,
     ConsumeFailure,
-    ConsumeOutcome,
     DeadLetter,
     DeadLetterFilter,
     DeadLetterPage,
-    FailurePolicy,
     InboxHandler,
+    InboxReceipt,
     MessageFilter,
     MessagePage,
     MessageState,
     OutboxMessage,
     OutboxStats,
+    PendingFailure,
+    Publisher,
     RelayInfo,
     Settlement,
+    Store,
     SweepReport,
 )
 from outboxer.stores._common import (
@@ -68,6 +71,10 @@ class _Row:
 
 class InMemoryStore:
     """A :class:`~outboxer.ports.Store` in a dict, with the PostgreSQL store's semantics.
+
+    It offers every port a store has except schema management (there is no schema): the relay's,
+    the sweeper's, the operators' and the inbox's primitives, which the same consume state
+    machine (:mod:`outboxer.inbox.consume`) drives as on a database.
 
     Args:
         clock: The current time, for leases, retry delays and ages (default: the wall clock;
@@ -403,91 +410,11 @@ class InMemoryStore:
 
     # -- inbox (consumers) ---------------------------------------------------------------------
 
-    async def consume(
-        self,
-        consumer: str,
-        messages: Sequence[Message],
-        handler: InboxHandler,
-        *,
-        on_failure: FailurePolicy,
-        retention_seconds: float,
-        single_transaction: bool = False,
-    ) -> list[ConsumeOutcome]:
-        """The inbox without a database: the handler gets ``None`` as its connection (and
-        ``single_transaction`` changes nothing: there are no transactions)."""
-        return [
-            await self._consume_one(consumer, message, handler, on_failure, retention_seconds)
-            for message in messages
-        ]
-
-    async def _consume_one(
-        self,
-        consumer: str,
-        message: Message,
-        handler: InboxHandler,
-        on_failure: FailurePolicy,
-        retention_seconds: float,
-    ) -> ConsumeOutcome:
-        inbox = self._inbox
-        pair = (consumer, message.id)
-        if pair in inbox.rows:
-            return "duplicate"
-        if message.key is not None and inbox.blocked(consumer, message.key):
-            inbox.rows[pair] = None
-            reason = f"waiting behind an earlier failed message of key {message.key!r}"
-            inbox.add_failure(consumer, message, 0, ConsumeFailure(reason, 0.0))
-            return "waiting"
-        inbox.rows[pair] = self._clock() + dt.timedelta(seconds=retention_seconds)
-        try:
-            await handler(message, None, 1)
-        except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
-            failure = on_failure(message, 1, exc)
-            inbox.add_failure(consumer, message, 1, failure)
-            if failure.retry_in is None:
-                self._dead_letter_consumed(message, 1, failure.reason)
-                return "dead"
-            inbox.rows[pair] = None
-            return "retrying"
-        return "handled"
-
-    async def redrive_consume_failures(
-        self,
-        consumer: str,
-        handler: InboxHandler,
-        *,
-        on_failure: FailurePolicy,
-        retention_seconds: float,
-        limit: int,
-    ) -> list[ConsumeOutcome]:
-        inbox = self._inbox
-        outcomes: list[ConsumeOutcome] = []
-        for failure in inbox.due(consumer, self._clock())[:limit]:
-            pair = (consumer, failure.message.id)
-            if inbox.rows.get(pair, None) is not None:  # handled meanwhile
-                del inbox.failures[pair]
-                outcomes.append("duplicate")
-                continue
-            attempt = failure.attempts + 1
-            failure.attempts = attempt
-            try:
-                await handler(failure.message, None, attempt)
-            except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
-                verdict = on_failure(failure.message, attempt, exc)
-                failure.last_error = verdict.reason
-                if verdict.retry_in is None:
-                    failure.state = "dead"
-                    inbox.rows[pair] = self._clock() + dt.timedelta(seconds=retention_seconds)
-                    self._dead_letter_consumed(failure.message, attempt, verdict.reason)
-                    outcomes.append("dead")
-                else:
-                    failure.next_attempt_at = self._clock() + dt.timedelta(seconds=verdict.retry_in)
-                    outcomes.append("retrying")
-                continue
-            del inbox.failures[pair]
-            inbox.rows[pair] = self._clock() + dt.timedelta(seconds=retention_seconds)
-            outcomes.append("handled")
-        inbox.retried_since_sweep += sum(outcome != "duplicate" for outcome in outcomes)
-        return outcomes
+    @contextlib.asynccontextmanager
+    async def inbox_session(self) -> AsyncIterator[_InboxSession]:
+        """The inbox without a database: handlers get ``None`` as their connection (and a
+        batch transaction is no different: there are no transactions)."""
+        yield _InboxSession(self._inbox, self._dead_letter_consumed, self._clock)
 
     def _dead_letter_consumed(self, message: Message, attempts: int, reason: str) -> None:
         existing = self._dead.get(message.id)
@@ -531,6 +458,106 @@ class InMemoryStore:
             self._inbox.revive(d.id)
             replayed.append(d.id)
         return replayed
+
+
+class _InboxSession:
+    """The inbox primitives of :class:`~outboxer.ports.InboxSession` and
+    :class:`~outboxer.ports.InboxTransaction` over the in-memory inbox (applied at once)."""
+
+    def __init__(
+        self,
+        inbox: _Inbox,
+        dead_letter: Callable[[Message, int, str], None],
+        clock: Callable[[], dt.datetime],
+    ) -> None:
+        self._inbox = inbox
+        self._dead_letter = dead_letter
+        self._clock = clock
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[_InboxSession]:
+        yield self
+
+    batch_transaction = transaction
+
+    async def due_failures(self, consumer: str, limit: int) -> list[str]:
+        return [f.message.id for f in self._inbox.due(consumer, self._clock())[:limit]]
+
+    async def count_retries(self, count: int) -> None:
+        self._inbox.retried_since_sweep += count
+
+    async def receive(
+        self, consumer: str, messages: Sequence[Message], retention: float
+    ) -> list[InboxReceipt]:
+        receipts = []
+        for message in messages:
+            pair = (consumer, message.id)
+            if pair in self._inbox.rows:
+                receipts.append(InboxReceipt(fresh=False, blocked=False))
+                continue
+            blocked = message.key is not None and self._inbox.blocked(consumer, message.key)
+            self._inbox.rows[pair] = None if blocked else self._expiry(retention)
+            receipts.append(InboxReceipt(fresh=True, blocked=blocked))
+        return receipts
+
+    async def run_handler(
+        self, handler: InboxHandler, message: Message, attempt: int
+    ) -> Exception | None:
+        try:
+            await handler(message, None, attempt)
+        except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
+            return exc
+        return None
+
+    async def keep_inbox_row(
+        self, consumer: str, message_id: str, expires_in: float | None
+    ) -> bool:
+        if expires_in is None:
+            self._inbox.rows[(consumer, message_id)] = None
+        return True
+
+    async def record_failure(
+        self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
+    ) -> None:
+        self._inbox.add_failure(consumer, message, attempts, failure)
+
+    async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
+        self._dead_letter(message, attempts, reason)
+
+    async def end_message(self) -> None:
+        return None
+
+    async def lock_failure(self, consumer: str, message_id: str) -> PendingFailure | None:
+        pair = (consumer, message_id)
+        failure = self._inbox.failures.get(pair)
+        if (
+            failure is None
+            or failure.state != "retrying"
+            or failure.next_attempt_at > self._clock()
+        ):
+            return None
+        handled = self._inbox.rows.get(pair) is not None
+        return PendingFailure(failure.seq, failure.message, failure.attempts, handled)
+
+    async def delete_failure(self, seq: int) -> None:
+        failures = self._inbox.failures
+        for pair in [pair for pair, f in failures.items() if f.seq == seq]:
+            del failures[pair]
+
+    async def update_failure(self, seq: int, attempts: int, failure: ConsumeFailure) -> None:
+        for row in self._inbox.failures.values():
+            if row.seq == seq:
+                row.attempts, row.last_error = attempts, failure.reason
+                if failure.retry_in is None:
+                    row.state = "dead"
+                else:
+                    row.next_attempt_at = self._expiry(failure.retry_in)
+
+    async def set_done(self, consumer: str, message_id: str, retention: float) -> None:
+        self._inbox.rows[(consumer, message_id)] = self._expiry(retention)
+
+    def _expiry(self, seconds: float) -> dt.datetime:
+        return self._clock() + dt.timedelta(seconds=seconds)
 
 
 @dataclass(slots=True)
@@ -638,3 +665,8 @@ class RecordingPublisher:
                 self.messages.append(message)
             results.append(error)
         return results
+
+
+if TYPE_CHECKING:  # mypy checks that the fakes implement the ports they stand in for
+    _store: type[Store] = InMemoryStore
+    _publisher: type[Publisher] = RecordingPublisher

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from outboxer.inbox import consume, redrive_consume_failures
 from outboxer.message import Message
 from outboxer.ports import ConsumeFailure
 from outboxer.stores.postgres import PostgresStore
@@ -60,8 +61,8 @@ async def test_consume_dead_letters_in_the_dlq_and_stats_commands(
         return ConsumeFailure(f"consumer 'mailer': {error}", None)
 
     poison = Message(id="poison-1", topic="users", payload=b'{"n": 1}', key="u1", type="T")
-    outcomes = await pg_store.consume(
-        "mailer", [poison], failing, on_failure=give_up, retention_seconds=60
+    outcomes = await consume(
+        pg_store, "mailer", [poison], failing, on_failure=give_up, retention_seconds=60
     )
     assert outcomes == ["dead"]
     db = ["--database-url", pg_url, "--schema", pg_schema]
@@ -90,7 +91,7 @@ async def test_consume_dead_letters_in_the_dlq_and_stats_commands(
     async def fixed(message: Message, connection: Any, attempt: int) -> None:
         handled.append(f"{message.id}#{attempt}")
 
-    outcomes = await pg_store.redrive_consume_failures(
-        "mailer", fixed, on_failure=give_up, retention_seconds=60, limit=10
+    outcomes = await redrive_consume_failures(
+        pg_store, "mailer", fixed, on_failure=give_up, retention_seconds=60, limit=10
     )
     assert outcomes == ["handled"] and handled == ["poison-1#1"]

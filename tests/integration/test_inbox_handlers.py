@@ -309,17 +309,17 @@ async def test_permanent_handler_errors_are_dead_letters_at_once() -> None:
 
 
 class FlakyStore(InMemoryStore):
-    """The database is down for the first ``down`` calls."""
+    """The database is down for the first ``down`` inbox sessions."""
 
     def __init__(self, down: int) -> None:
         super().__init__()
         self.down = down
 
-    async def consume(self, *args: Any, **kwargs: Any) -> Any:
+    def inbox_session(self) -> Any:
         if self.down > 0:
             self.down -= 1
             raise StoreUnavailable("connection refused")
-        return await super().consume(*args, **kwargs)
+        return super().inbox_session()
 
 
 async def test_while_the_database_is_down_a_delivery_waits_and_is_not_lost() -> None:

@@ -555,12 +555,12 @@ def create_app_from_url(
     The URL is checked here (``ConfigurationError`` at once); the database is first contacted
     when the server starts, and startup fails if the outbox schema is missing or outdated.
     """
-    from outboxer.stores import store_from_url
+    from outboxer.stores import open_store
 
-    store = store_from_url(database_url, names)
+    store = open_store(database_url, names)
 
     @contextlib.asynccontextmanager
-    async def open_store(_: FastAPI) -> AsyncIterator[None]:
+    async def own_store(_: FastAPI) -> AsyncIterator[None]:
         async with store:
             await store.check_schema()
             yield
@@ -571,7 +571,7 @@ def create_app_from_url(
         ready_max_age=ready_max_age,
         ready_min_relays=ready_min_relays,
         allowed_hosts=allowed_hosts,
-        lifespan=open_store,
+        lifespan=own_store,
     )
 
 

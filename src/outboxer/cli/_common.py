@@ -120,15 +120,16 @@ async def open_store(
     names: TableNames,
     *,
     check: bool = True,
-    build: Callable[[str, TableNames], DatabaseStore] | None = None,
+    connections: int | None = None,
 ) -> AsyncIterator[DatabaseStore]:
-    """The store of ``url`` (made by ``build``, default the scheme's store), open and, with
-    ``check``, its schema checked; a URL the driver cannot read is a ``ConfigurationError``."""
-    from outboxer.stores import store_from_url
+    """The store of ``url`` (the scheme's store, with at most ``connections`` connections
+    where it has a pool), open and, with ``check``, its schema checked; a URL the driver cannot
+    read is a ``ConfigurationError``."""
+    from outboxer.stores import open_store as store_for
 
     async with contextlib.AsyncExitStack() as stack:
         try:
-            store = (build or store_from_url)(url, names)
+            store = store_for(url, names, connections=connections)
             await stack.enter_async_context(store)
         except ConfigurationError:
             raise

@@ -6,7 +6,7 @@ import asyncio
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -20,10 +20,6 @@ from outboxer.cli.options import (
 )
 from outboxer.config import Setting, TableNames
 from outboxer.inbox import HandlerRegistry, InboxSettings, load_registry
-from outboxer.urls import scheme_of
-
-if TYPE_CHECKING:
-    from outboxer.ports import DatabaseStore
 
 
 def _default_consumer_name(handlers: str) -> str:
@@ -121,21 +117,14 @@ async def _consume(
 ) -> None:
     from outboxer.brokers import consumer_from_url
     from outboxer.inbox import Inbox, run_consumer
-    from outboxer.stores import store_from_url
 
     adapter = consumer_from_url(
         broker, name=settings.consumer, topics=topics, batch_size=batch_size
     )
 
-    def build(url: str, names: TableNames) -> DatabaseStore:
-        if scheme_of(url) in ("postgresql", "postgres"):
-            from outboxer.stores.postgres import PostgresStore
-
-            # A connection per message handled at once, plus the re-drive loop and the sweep.
-            return PostgresStore(url, names, max_connections=max(10, settings.concurrency + 2))
-        return store_from_url(url, names)
-
-    async with open_store(url, names, build=build) as store:
+    # A connection per message handled at once, plus the re-drive loop and the sweep.
+    connections = max(10, settings.concurrency + 2)
+    async with open_store(url, names, connections=connections) as store:
         inbox = Inbox(store, registry, settings)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -3,12 +3,15 @@
 - :mod:`outboxer.inbox.registry`: which handler runs for which message, typed payloads;
 - :mod:`outboxer.inbox.inbox`: at most one effect per (consumer, message id), retries,
   consume dead letters;
+- :mod:`outboxer.inbox.consume`: the consume state machine, written once over the stores' SQL
+  primitives (:class:`~outboxer.ports.InboxTransaction`);
 - :mod:`outboxer.inbox.consumer`: running a broker adapter (``outboxer.brokers.*.consumer``) into an
   inbox, graceful shutdown;
 
 Nothing here imports a database or broker driver. See docs/inbox.md.
 """
 
+from outboxer.inbox.consume import consume, redrive_consume_failures
 from outboxer.inbox.consumer import BrokerConsumer, run_consumer
 from outboxer.inbox.inbox import (
     ConsumerStopping,
@@ -37,7 +40,9 @@ __all__ = [
     "InboxSettings",
     "PermanentHandlerError",
     "UndecodablePayload",
+    "consume",
     "load_registry",
+    "redrive_consume_failures",
     "run_consumer",
     "validate_consumer_name",
 ]

@@ -1,9 +1,9 @@
 """The idempotent-processing core: deliveries in, handlers run once per consumer, outcomes out.
 
 An :class:`Inbox` belongs to one *consumer* (a name: the service or handler group that
-processes a stream of messages). For every message a broker delivers it asks the store
-(:class:`~outboxer.ports.InboxStore`) to run the registry's handlers inside one database
-transaction that also records the pair (consumer, message id):
+processes a stream of messages). For every message a broker delivers it runs the registry's
+handlers inside one database transaction of the store (:class:`~outboxer.ports.InboxStore`)
+that also records the pair (consumer, message id); :mod:`outboxer.inbox.consume` decides:
 
 - the pair is already there → a duplicate: nothing runs, the broker message is acknowledged;
 - the handlers succeed → their writes (made through ``ctx.connection``) and the pair commit
@@ -48,6 +48,7 @@ from outboxer.config import (
     setting,
 )
 from outboxer.errors import ConfigurationError, OutboxerError, PermanentPublishError, StoreError
+from outboxer.inbox.consume import consume, redrive_consume_failures
 from outboxer.inbox.registry import HandlerContext, HandlerRegistry, PermanentHandlerError
 from outboxer.message import Message
 from outboxer.ports import ConsumeFailure, ConsumeOutcome, InboxStore, SweeperStore
@@ -302,7 +303,8 @@ class Inbox:
         handled = [m for m in messages if self.registry.handlers_for(m)]
         stored: list[ConsumeOutcome] = []
         if handled:
-            stored = await self.store.consume(
+            stored = await consume(
+                self.store,
                 self.consumer,
                 handled,
                 self._run_handlers,
@@ -395,7 +397,8 @@ class Inbox:
 
     async def redrive(self) -> list[ConsumeOutcome]:
         """Re-drive this consumer's due failed consumptions (one batch); returns the outcomes."""
-        outcomes = await self.store.redrive_consume_failures(
+        outcomes = await redrive_consume_failures(
+            self.store,
             self.consumer,
             self._run_handlers,
             on_failure=self._judge,

@@ -1,49 +1,60 @@
-"""Store adapters. ``open_store`` picks one by database URL and imports its driver lazily."""
+"""Store adapters, one package per database: ``postgres``, ``sqlite``, ``mysql`` (MariaDB too).
+
+Every store package has the same shape, so a new one starts by copying it:
+
+- ``__init__.py``: the store class, assembled from its parts, and ``from_url(url, names, *,
+  connections)``, which :func:`open_store` calls;
+- ``connection.py``: the connection seam: the URL's :class:`~outboxer.urls.UrlSpec`, the
+  pool or connection, ``connection()``/``transaction()`` context managers, and the translation
+  of driver errors into outboxer's (in that one place);
+- ``relay.py``, ``sweeper.py``, ``dead_letters.py`` (with the figures), ``schema.py``,
+  ``inbox.py``: one module per port of :mod:`outboxer.ports`;
+- ``sql/``: versioned migrations (``0001_initial.sql`` ...) and named queries
+  (``queries.sql``), loaded by :mod:`outboxer.stores._sql`;
+
+and it passes ``tests/contracts/store.py`` and the inbox contract of
+``tests/integration/test_inbox_store.py``.
+
+This module imports no driver: :func:`open_store` imports the store's package when it is used.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+import importlib.util
 
+from outboxer import urls
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
+from outboxer.ports import DatabaseStore
 
-if TYPE_CHECKING:
-    from outboxer.stores.mysql import MysqlStore
-    from outboxer.stores.postgres import PostgresStore
-    from outboxer.stores.sqlite import SqliteStore
-
-__all__ = ["store_from_url"]
+__all__ = ["open_store"]
 
 
-def store_from_url(
-    url: str, names: TableNames | None = None
-) -> PostgresStore | SqliteStore | MysqlStore:
-    """A (not yet opened) store for ``postgresql://…``, ``sqlite:///path.db`` or
-    ``mysql://…``/``mariadb://…``."""
-    scheme = url.partition("://")[0].split("+")[0].lower() if "://" in url else ""
-    if scheme in ("postgresql", "postgres"):
-        from outboxer.stores.postgres import PostgresStore
+def open_store(
+    url: str, names: TableNames | None = None, *, connections: int | None = None
+) -> DatabaseStore:
+    """The (not yet opened) store for a database URL: ``postgresql://…``, ``sqlite:///path.db``,
+    ``mysql://…`` or ``mariadb://…``.
 
-        return PostgresStore(url, names)
-    if scheme == "sqlite":
-        from outboxer.stores.sqlite import SqliteStore
+    The scheme picks the store package (:data:`outboxer.urls.SCHEMES`); use the result as
+    ``async with store:``.
 
-        return SqliteStore(url, names)
-    if scheme in ("mysql", "mariadb"):
-        from outboxer.stores.mysql import MysqlStore
+    Args:
+        url: The database URL; checked at once (the password never shows in an error).
+        names: Table and schema names.
+        connections: Connections the store may hold at once, where it has a pool (the default
+            suits a relay; a consumer needs one per message it handles at a time).
 
-        return MysqlStore(url, names)
-    raise ConfigurationError(
-        f"unsupported database URL {_redact(url)!r}: "
-        "use postgresql://…, mysql://… or sqlite:///path.db"
-    )
-
-
-def _redact(url: str) -> str:
-    """Never echo a password: ``scheme://user:***@host``."""
-    scheme, sep, rest = url.partition("://")
-    if sep and "@" in rest:
-        creds, _, host = rest.rpartition("@")
-        user = creds.split(":")[0]
-        return f"{scheme}://{user}:***@{host}"
-    return url
+    Raises:
+        ConfigurationError: unsupported scheme, malformed URL, or a store whose driver (or
+            whose package) is not installed.
+    """
+    entry = urls.lookup(url, "database")
+    if importlib.util.find_spec(entry.module) is None:
+        raise ConfigurationError(
+            f"{urls.scheme_of(url)}:// databases are not supported by this version of outboxer"
+        )
+    module = urls.loader(url, "database")()
+    store: DatabaseStore = module.from_url(url, names, connections=connections)
+    return store

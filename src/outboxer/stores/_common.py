@@ -7,9 +7,18 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from outboxer.errors import ConfigurationError, NotFound
+from outboxer.errors import ConfigurationError, NotFound, SchemaError
 from outboxer.message import Message
-from outboxer.ports import DeadLetter, MessageFilter, MessagePage, OutboxMessage, SweepReport
+from outboxer.ports import (
+    DeadLetter,
+    DeadLetterFilter,
+    DeadLetterPage,
+    DeadLetterStore,
+    MessageFilter,
+    MessagePage,
+    OutboxMessage,
+    SweepReport,
+)
 
 
 class Row(Protocol):
@@ -138,3 +147,33 @@ def check_limit(limit: int) -> int:
     if not isinstance(limit, int) or not 1 <= limit <= 1000:
         raise ConfigurationError(f"invalid limit {limit!r}: must be between 1 and 1000")
     return limit
+
+
+def dead_letter_page(rows: Sequence[Row], limit: int) -> DeadLetterPage:
+    """A page from up to ``limit + 1`` rows (newest first): one more row means another page."""
+    page = rows[:limit]
+    next_cursor = str(page[-1]["dl_seq"]) if len(rows) > limit else None
+    return DeadLetterPage([dead_letter_from_row(r) for r in page], next_cursor)
+
+
+class DeadLetterLookup:
+    """Mixin: ``get_dead_letter`` through the store's own ``list_dead_letters``."""
+
+    async def get_dead_letter(self: DeadLetterStore, dead_letter_id: str) -> DeadLetter:
+        page = await self.list_dead_letters(
+            DeadLetterFilter(ids=[dead_letter_id]), limit=1, cursor=None
+        )
+        if not page.items:
+            raise NotFound(f"no dead letter with id {dead_letter_id!r}")
+        return page.items[0]
+
+
+def check_schema_version(current: int, latest: int, table: str) -> None:
+    """Raise ``SchemaError`` unless ``current`` is ``latest``; ``table`` names the outbox."""
+    if current == 0:
+        raise SchemaError(f"outbox table {table} is missing: run 'outboxer db upgrade'")
+    if current != latest:
+        raise SchemaError(
+            f"outbox schema is at version {current}, this outboxer expects {latest}: "
+            "run 'outboxer db upgrade' (or upgrade outboxer)"
+        )

@@ -1,5 +1,10 @@
 """SQL lives in versioned ``.sql`` files beside the stores; this module loads and renders it.
 
+Each store package keeps its SQL in ``stores/<dialect>/sql/``: the numbered migrations
+(``0001_initial.sql`` ...) and ``queries.sql``, the named queries (``-- name: claim_ordered``).
+The files are read as resources of ``outboxer.stores`` (whose ``__init__`` imports no driver), so
+the write side can render a dialect's INSERT without importing that store's driver.
+
 Placeholders such as ``{outbox}`` are replaced by the validated, quoted names of a
 :class:`~outboxer.config.TableNames`. Only known placeholders are replaced, so JSON literals like
 ``'{}'`` in the SQL are left alone. Values are always passed as query parameters.
@@ -11,6 +16,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 
 from outboxer.config import TableNames
 
@@ -44,9 +50,13 @@ def render(sql: str, names: TableNames, quote: str = '"') -> str:
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], sql)
 
 
+def _directory(dialect: str) -> Traversable:
+    return resources.files("outboxer.stores").joinpath(dialect, "sql")
+
+
 @cache
 def _read(dialect: str, filename: str) -> str:
-    return resources.files("outboxer.stores.sql").joinpath(dialect, filename).read_text()
+    return _directory(dialect).joinpath(filename).read_text()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +69,7 @@ class Migration:
 def migrations(dialect: str) -> list[Migration]:
     """The schema migrations of a dialect, in version order."""
     found = []
-    for entry in resources.files("outboxer.stores.sql").joinpath(dialect).iterdir():
+    for entry in _directory(dialect).iterdir():
         match = _MIGRATION.match(entry.name)
         if match:
             found.append(Migration(int(match.group(1)), entry.name, entry.read_text()))

@@ -15,7 +15,8 @@ this machine; aiomysql 0.3 with PyMySQL 1.2 cannot even send bytes parameters).
 
 The store is one class assembled from its concerns, each in its own module over the connection
 seam (:mod:`.connection`): the relay's port (:mod:`.relay`), the sweeper (:mod:`.sweeper`),
-statistics and dead letters (:mod:`.admin`) and schema management (:mod:`.schema`).
+statistics, dead letters and messages (:mod:`.admin`), schema management (:mod:`.schema`), the
+inbox (:mod:`.inbox`), and its SQL in ``sql/``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import asyncmy
 
 from outboxer.config import TableNames
+from outboxer.ports import DatabaseStore
 from outboxer.stores import _sql
 from outboxer.stores.mysql.admin import MysqlAdmin
 from outboxer.stores.mysql.connection import URL_SPEC, Conn, MysqlDatabase, fetch_all
@@ -34,7 +36,7 @@ from outboxer.stores.mysql.relay import MysqlRelay, text_row
 from outboxer.stores.mysql.schema import MysqlSchema
 from outboxer.stores.mysql.sweeper import MysqlSweeper
 
-__all__ = ["URL_SPEC", "MysqlStore"]
+__all__ = ["URL_SPEC", "MysqlStore", "from_url"]
 
 
 class MysqlStore(MysqlRelay, MysqlSweeper, MysqlAdmin, MysqlSchema, MysqlInbox):
@@ -44,13 +46,21 @@ class MysqlStore(MysqlRelay, MysqlSweeper, MysqlAdmin, MysqlSchema, MysqlInbox):
         url_or_pool: A ``mysql://`` or ``mariadb://`` URL (the store owns a pool it creates) or
             an existing asyncmy pool (borrowed, never closed here).
         names: Table names; ``names.schema`` is the database (default: the URL's).
+        max_connections: Pool size when the store creates the pool (default: the URL's
+            ``max_connections`` option, else 10).
     """
 
     dialect = "mysql"
 
-    def __init__(self, url_or_pool: str | asyncmy.Pool, names: TableNames | None = None) -> None:
+    def __init__(
+        self,
+        url_or_pool: str | asyncmy.Pool,
+        names: TableNames | None = None,
+        *,
+        max_connections: int | None = None,
+    ) -> None:
         self.names = names or TableNames()
-        self.db = MysqlDatabase(url_or_pool, self.names)
+        self.db = MysqlDatabase(url_or_pool, self.names, max_connections=max_connections)
 
     async def __aenter__(self) -> MysqlStore:
         await self.open()
@@ -74,3 +84,11 @@ class MysqlStore(MysqlRelay, MysqlSweeper, MysqlAdmin, MysqlSchema, MysqlInbox):
             return [text_row(row) for row in await fetch_all(conn, rendered, args)]
 
         return await self.db.run(run)
+
+
+def from_url(
+    url: str, names: TableNames | None = None, *, connections: int | None = None
+) -> DatabaseStore:
+    """The (not yet opened) store for a ``mysql://`` or ``mariadb://`` URL; ``connections``
+    sizes its pool (it wins over the URL's ``max_connections``)."""
+    return MysqlStore(url, names, max_connections=connections)

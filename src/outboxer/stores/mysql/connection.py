@@ -150,7 +150,13 @@ class MysqlDatabase:
         names: Table names; ``names.schema`` is a database name (default: the URL's).
     """
 
-    def __init__(self, url_or_pool: str | asyncmy.Pool, names: TableNames) -> None:
+    def __init__(
+        self,
+        url_or_pool: str | asyncmy.Pool,
+        names: TableNames,
+        *,
+        max_connections: int | None = None,
+    ) -> None:
         self.names = names
         self.queries: Mapping[str, str] = _sql.queries("mysql", names, quote="`")
         self._options: dict[str, Any] | None = None
@@ -163,7 +169,7 @@ class MysqlDatabase:
                     f"{URL_SPEC.what}: name the database, e.g. {URL_SPEC.example}"
                 )
             self._options = connect_options(url)
-            self._max_connections = url.options["max_connections"]
+            self._max_connections = max_connections or url.options["max_connections"]
         else:
             self._pool = url_or_pool
         self._owns_pool = self._pool is None

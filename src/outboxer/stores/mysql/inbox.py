@@ -1,15 +1,15 @@
-"""The inbox on MySQL: its tables exist (schema version 3); its SQL primitives land with the
-consume state machine shared by every store (issue 10), so until then consuming refuses loudly.
+"""The inbox on MySQL: its tables exist (schema version 3); its SQL primitives
+(:class:`~outboxer.ports.InboxTransaction`, see ``stores/postgres/inbox.py``) are still to be
+written, so until then consuming refuses loudly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import NoReturn
 
 from outboxer.errors import ConfigurationError
-from outboxer.message import Message
-from outboxer.ports import ConsumeOutcome, FailurePolicy, InboxHandler
+from outboxer.ports import InboxSession
 
 __all__ = ["MysqlInbox"]
 
@@ -19,27 +19,7 @@ def _not_ready() -> NoReturn:
 
 
 class MysqlInbox:
-    """``consume`` and ``redrive_consume_failures``: not available yet (see the module)."""
+    """The inbox port (:class:`~outboxer.ports.InboxStore`): not available yet (see above)."""
 
-    async def consume(
-        self,
-        consumer: str,
-        messages: Sequence[Message],
-        handler: InboxHandler,
-        *,
-        on_failure: FailurePolicy,
-        retention_seconds: float,
-        single_transaction: bool = False,
-    ) -> list[ConsumeOutcome]:
-        _not_ready()
-
-    async def redrive_consume_failures(
-        self,
-        consumer: str,
-        handler: InboxHandler,
-        *,
-        on_failure: FailurePolicy,
-        retention_seconds: float,
-        limit: int,
-    ) -> list[ConsumeOutcome]:
+    def inbox_session(self) -> AbstractAsyncContextManager[InboxSession]:
         _not_ready()

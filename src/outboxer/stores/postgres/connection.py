@@ -1,0 +1,206 @@
+"""The PostgreSQL store's connection seam: its URL, its pool, and error translation.
+
+Every part of the store (relay, sweeper, dead letters, schema, inbox) reaches the database
+through :meth:`PostgresDatabase.connection` or :meth:`PostgresDatabase.transaction`, where
+asyncpg's errors become outboxer's, in this one place:
+
+=====================================================  ======================================
+asyncpg / OS error                                     outboxer error
+=====================================================  ======================================
+``UndefinedTableError``, ``InvalidSchemaNameError``    ``SchemaError`` (run ``db upgrade``)
+``DataError``, ``CharacterNotInRepertoireError``       ``ConfigurationError`` (the input)
+connection lost / refused, timeouts (``_UNAVAILABLE``)  ``StoreUnavailable`` (retry later)
+any other ``PostgresError``                            ``StoreError``
+=====================================================  ======================================
+
+Ownership: a store built from a URL creates and closes its pool; a store handed a pool uses it
+and never closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import TypeAlias
+from urllib.parse import quote, urlencode
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from outboxer import urls
+from outboxer.config import TableNames
+from outboxer.errors import ConfigurationError, SchemaError, StoreError, StoreUnavailable
+
+__all__ = ["URL_SPEC", "Conn", "PostgresDatabase", "PostgresPart", "normalize_url"]
+
+#: What the store's parts work on: a connection borrowed from the pool.
+Conn: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
+
+#: ``postgresql://user:password@host[:port][,host2...]/database?option=value``. The options are
+#: those of libpq that asyncpg understands and that users of a relay need; anything else is
+#: refused (asyncpg would send an unknown option to the server as a setting, and fail later).
+URL_SPEC = urls.UrlSpec(
+    what="PostgreSQL URL",
+    schemes=("postgresql", "postgres"),
+    hosts="many",
+    default_port=5432,
+    path="optional",
+    options=(
+        urls.Option(
+            "sslmode",
+            choices=("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+            help="TLS to the server, as libpq's sslmode.",
+        ),
+        urls.Option("sslrootcert", help="CA certificate file (verify-ca, verify-full)."),
+        urls.Option("sslcert", help="Client certificate file."),
+        urls.Option("sslkey", help="Client key file."),
+        urls.Option("application_name", help="Shown in pg_stat_activity."),
+        urls.Option(
+            "target_session_attrs",
+            choices=("any", "primary", "standby", "prefer-standby", "read-write", "read-only"),
+            help="Which of several hosts to use.",
+        ),
+        urls.Option(
+            "connect_timeout",
+            kind="float",
+            default=10.0,
+            minimum=0.1,
+            maximum=3600,
+            help="Seconds to wait for a connection.",
+        ),
+    ),
+    example="postgresql://app@127.0.0.1:5432/app?sslmode=require",
+)
+
+#: Connection problems that mean "the database is not reachable right now".
+_UNAVAILABLE = (
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    # the connection died under a running operation (e.g. a database restart)
+    asyncpg.InternalClientError,
+)
+
+
+def normalize_url(url: str) -> tuple[str, float]:
+    """The DSN asyncpg is given for ``url`` and the connect timeout.
+
+    Accepts ``postgresql://``, ``postgres://`` and SQLAlchemy's ``postgresql+driver://``;
+    checks the URL against :data:`URL_SPEC` first (one readable line, no password).
+    """
+    parsed = urls.parse(url, URL_SPEC)
+    rest = url.split("://", 1)[1].partition("?")[0]
+    # connect_timeout is a pool argument, not a server setting: asyncpg gets the others.
+    passed = {name: parsed.options[name] for name in sorted(parsed.given - {"connect_timeout"})}
+    query = f"?{urlencode(passed, quote_via=quote)}" if passed else ""
+    return f"postgresql://{rest}{query}", float(parsed.options["connect_timeout"])
+
+
+class PostgresDatabase:
+    """The pool of one store, and the one place its driver errors are translated.
+
+    Args:
+        dsn_or_pool: A ``postgresql://`` URL (a pool is created on :meth:`open` and closed on
+            :meth:`close`) or an existing asyncpg pool (borrowed, never closed here).
+        names: The outbox's table names (named in the ``SchemaError`` of a missing table).
+        max_connections: Pool size when the pool is created here.
+    """
+
+    def __init__(
+        self, dsn_or_pool: str | asyncpg.Pool, names: TableNames, *, max_connections: int = 10
+    ) -> None:
+        self.names = names
+        self._dsn: str | None = None
+        self._timeout = 10.0
+        self._pool: asyncpg.Pool | None = None
+        if isinstance(dsn_or_pool, str):
+            self._dsn, self._timeout = normalize_url(dsn_or_pool)
+        else:
+            self._pool = dsn_or_pool
+        self._owns_pool = self._pool is None
+        self._max_connections = max_connections
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        assert self._dsn is not None
+        try:
+            self._pool = await asyncpg.create_pool(
+                self._dsn, min_size=1, max_size=self._max_connections, timeout=self._timeout
+            )
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"cannot connect to PostgreSQL: {_shown(exc)}") from exc
+        except (
+            asyncpg.InvalidCatalogNameError,
+            asyncpg.InvalidAuthorizationSpecificationError,
+        ) as exc:
+            raise ConfigurationError(f"PostgreSQL: {_shown(exc)}") from exc
+
+    async def close(self) -> None:
+        if self._owns_pool and self._pool is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._pool.close(), 5)
+            self._pool = None
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise RuntimeError("PostgresStore is not open (use 'async with store:')")
+        return self._pool
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Conn]:
+        """A pooled connection in autocommit (one statement, one round trip)."""
+        with self.translated_errors():
+            async with self.pool.acquire() as conn:
+                yield conn
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Conn]:
+        """A pooled connection inside a transaction, committed when the block ends."""
+        async with self.connection() as conn, conn.transaction():
+            yield conn
+
+    @contextlib.contextmanager
+    def translated_errors(self) -> Iterator[None]:
+        """Turn asyncpg's errors raised in the block into outboxer's (see the module table)."""
+        try:
+            yield
+        except asyncpg.UndefinedTableError as exc:
+            raise SchemaError(
+                f"outbox table {self.names.qualified()} is missing: run 'outboxer db upgrade'"
+            ) from exc
+        except asyncpg.InvalidSchemaNameError as exc:
+            raise SchemaError(f"{exc}: run 'outboxer db upgrade'") from exc
+        except (asyncpg.DataError, asyncpg.CharacterNotInRepertoireError) as exc:
+            # A value PostgreSQL cannot store (NUL in text, an out-of-range number): the
+            # caller's input, not the database, is at fault.
+            raise ConfigurationError(f"invalid value: {exc}") from exc
+        except asyncpg.PostgresError as exc:
+            raise StoreError(f"PostgreSQL: {exc}") from exc
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"PostgreSQL unavailable: {_shown(exc)}") from exc
+
+
+def _shown(exc: BaseException) -> str:
+    """A driver's message without any password it may quote from the DSN."""
+    return urls.redact(str(exc))
+
+
+class PostgresPart:
+    """What each part of the store (relay, sweeper, dead letters, schema, inbox) works on.
+
+    Attributes:
+        db: The connection seam.
+        names: Table and schema names.
+        q: The named queries of ``sql/queries.sql``, rendered for ``names``.
+    """
+
+    db: PostgresDatabase
+    names: TableNames
+    q: Mapping[str, str]

@@ -1,0 +1,58 @@
+"""Schema management on PostgreSQL: the versioned migrations of ``sql/``, applied in order."""
+
+from __future__ import annotations
+
+from outboxer.stores import _sql
+from outboxer.stores._common import check_schema_version
+from outboxer.stores.postgres.connection import PostgresPart
+
+__all__ = ["PostgresSchema"]
+
+
+class PostgresSchema(PostgresPart):
+    """The schema port (:class:`~outboxer.ports.SchemaStore`) on PostgreSQL."""
+
+    async def migrate(self, target: int | None = None) -> list[int]:
+        """Create or upgrade the schema; returns the versions applied (empty when current).
+
+        ``target`` stops at that version (tests of the upgrade path). Runs in one transaction
+        under an advisory lock, so concurrent upgrades are safe and a failed upgrade leaves
+        nothing behind.
+        """
+        version_table = _sql.render("{schema_version}", self.names)
+        applied: list[int] = []
+        async with self.db.transaction() as conn:
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.names.channel)
+            if self.names.schema:
+                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.names.schema}"')
+            await conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {version_table} ("
+                "version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            current = await conn.fetchval(f"SELECT max(version) FROM {version_table}") or 0
+            for migration in _sql.migrations("postgres"):
+                if migration.version <= current or (
+                    target is not None and migration.version > target
+                ):
+                    continue
+                for statement in _sql.split_statements(migration.sql):
+                    await conn.execute(_sql.render(statement, self.names))
+                await conn.execute(
+                    f"INSERT INTO {version_table} (version) VALUES ($1)", migration.version
+                )
+                applied.append(migration.version)
+        return applied
+
+    async def schema_version(self) -> int:
+        """The installed schema version, 0 when outboxer's tables do not exist."""
+        version_table = _sql.render("{schema_version}", self.names)
+        async with self.db.connection() as conn:
+            if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", version_table):
+                return 0
+            value = await conn.fetchval(f"SELECT max(version) FROM {version_table}")
+        return int(value or 0)
+
+    async def check_schema(self) -> None:
+        """Raise ``SchemaError`` unless the schema is exactly at this version of outboxer."""
+        latest = _sql.migrations("postgres")[-1].version
+        check_schema_version(await self.schema_version(), latest, self.names.qualified())

@@ -1,0 +1,150 @@
+"""The SQLite store's connection seam: its URL, its one connection, and error translation.
+
+SQLite admits one writer at a time, so the store keeps one aiosqlite connection and runs one
+transaction at a time on it (an ``asyncio.Lock``); a write transaction is ``BEGIN IMMEDIATE``,
+which takes the database's write lock at once, so relays in several processes serialize
+instead of failing at their first write. Driver errors become outboxer's here:
+
+=======================================  ================================================
+sqlite3 error                            outboxer error
+=======================================  ================================================
+``OperationalError`` "no such table"     ``SchemaError`` (run ``outboxer db upgrade``)
+any other ``OperationalError``           ``StoreUnavailable`` (locked, disk, I/O: retry)
+=======================================  ================================================
+
+Ownership: the store opens and closes its own connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+
+import aiosqlite
+
+from outboxer import urls
+from outboxer.config import TableNames
+from outboxer.errors import ConfigurationError, SchemaError, StoreUnavailable
+
+__all__ = ["URL_SPEC", "SqliteDatabase", "SqlitePart", "immediate", "path_from_url"]
+
+#: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db`` or ``sqlite:///:memory:``.
+URL_SPEC = urls.UrlSpec(
+    what="SQLite URL",
+    schemes=("sqlite",),
+    hosts="none",
+    path="required",
+    credentials=False,
+    example="sqlite:///outbox.db",
+)
+
+#: SQLite's clock in UTC epoch seconds, as the schema stores times.
+NOW = "(julianday('now') - 2440587.5) * 86400.0"
+#: The store's own clock instead (a store given ``clock=``): a function of the connection.
+CLOCK = "outboxer_now()"
+
+
+def path_from_url(url: str) -> str:
+    """The database file of a ``sqlite:///`` URL (checked against :data:`URL_SPEC`)."""
+    return urls.parse(url, URL_SPEC).path
+
+
+class SqliteDatabase:
+    """The one connection of a store, and the one place its driver errors are translated.
+
+    Args:
+        path: The database file, or ``:memory:``.
+        names: The outbox's table names (named in the ``SchemaError`` of a missing table).
+        connect: Opens the connection, in autocommit mode (transactions are explicit).
+        clock: Defines ``outboxer_now()`` (UTC epoch seconds) on the connection, if given.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        names: TableNames,
+        *,
+        connect: Callable[[], Awaitable[aiosqlite.Connection]],
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.path = path
+        self.names = names
+        self._clock = clock
+        self._connect = connect
+        self._conn: aiosqlite.Connection | None = None
+        self._lock = asyncio.Lock()  # one transaction at a time on the shared connection
+
+    async def open(self) -> None:
+        if self._conn is not None:
+            return
+        if self.path != ":memory:" and not Path(self.path).parent.exists():
+            raise ConfigurationError(f"SQLite: directory of {self.path} does not exist")
+        try:
+            conn = await self._connect()
+            conn.row_factory = sqlite3.Row
+            await conn.execute("PRAGMA busy_timeout = 30000")
+            await conn.execute("PRAGMA journal_mode = WAL")
+            await conn.execute("PRAGMA synchronous = NORMAL")
+            if self._clock is not None:
+                await conn.create_function("outboxer_now", 0, self._clock)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open SQLite database {self.path}: {exc}") from exc
+        self._conn = conn
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[aiosqlite.Connection]:
+        """The connection, for this block alone, in autocommit."""
+        if self._conn is None:
+            raise RuntimeError("SqliteStore is not open (use 'async with store:')")
+        async with self._lock:
+            try:
+                yield self._conn
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    raise SchemaError(
+                        f"outbox table {self.names.table} is missing: run 'outboxer db upgrade'"
+                    ) from exc
+                raise StoreUnavailable(f"SQLite: {exc}") from exc
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """The connection inside a write transaction, committed when the block ends."""
+        async with self.connection() as conn, immediate(conn):
+            yield conn
+
+
+@contextlib.asynccontextmanager
+async def immediate(conn: aiosqlite.Connection) -> AsyncIterator[None]:
+    """A ``BEGIN IMMEDIATE`` transaction on a connection the caller holds."""
+    await conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        await conn.execute("ROLLBACK")
+        raise
+    await conn.execute("COMMIT")
+
+
+class SqlitePart:
+    """What each part of the store (relay, sweeper, dead letters, schema, inbox) works on.
+
+    Attributes:
+        db: The connection seam.
+        names: Table names.
+        q: The named queries of ``sql/queries.sql``, rendered for ``names``.
+        now: The SQL expression of the current time.
+    """
+
+    db: SqliteDatabase
+    names: TableNames
+    q: Mapping[str, str]
+    #: The SQL expression of the current time (SQLite's clock, or the store's ``clock``).
+    now: str = NOW

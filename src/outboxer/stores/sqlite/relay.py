@@ -1,0 +1,99 @@
+"""What the relay asks of SQLite: claims, settlements, the relay registry.
+
+A claim is a ``BEGIN IMMEDIATE`` transaction: relays in several processes serialize on the
+database lock instead of skipping each other's rows, and leased rows are excluded by their
+claim token exactly as on PostgreSQL. There is no NOTIFY: the relay polls (adaptively) for
+work committed by other processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+from outboxer.ports import Claim, RelayInfo, Settlement
+from outboxer.stores._common import message_from_row
+from outboxer.stores.sqlite.connection import SqlitePart
+
+__all__ = ["SqliteRelay"]
+
+
+class SqliteRelay(SqlitePart):
+    """The relay's port (:class:`~outboxer.ports.RelayStore`) on SQLite."""
+
+    doorbell: asyncio.Event
+
+    async def claim_batch(
+        self,
+        *,
+        limit: int,
+        lease_seconds: float,
+        ordered: bool,
+        relay_id: str,
+        hold_dead_keys: bool = False,
+    ) -> Claim:
+        token = int.from_bytes(os.urandom(8), "big") >> 1
+        params = {
+            "token": token,
+            "relay": relay_id,
+            "lease": lease_seconds,
+            "limit": limit,
+            "hold": hold_dead_keys,
+        }
+        query = self.q["claim_ordered" if ordered else "claim_unordered"]
+        async with self.db.transaction() as conn, conn.execute(query, params) as cur:
+            rows = list(await cur.fetchall())
+        rows.sort(key=lambda r: r["seq"])
+        return Claim(token=token, messages=[message_from_row(r) for r in rows])
+
+    async def settle(self, claim: Claim, settlement: Settlement) -> None:
+        token = claim.token
+        steps: list[tuple[str, dict[str, Any]]] = []
+        if settlement.published:
+            steps.append(("ack", {"ids": json.dumps(settlement.published), "token": token}))
+        if settlement.retries:
+            items = [[r.id, r.delay, r.reason] for r in settlement.retries]
+            steps.append(("retry", {"items": json.dumps(items), "token": token}))
+        if settlement.dead:
+            items_json = json.dumps([list(d) for d in settlement.dead])
+            steps.append(("dead_letter_copy", {"items": items_json, "token": token}))
+            steps.append(("dead_letter_delete", {"items": items_json, "token": token}))
+        if settlement.released:
+            steps.append(("release", {"ids": json.dumps(settlement.released), "token": token}))
+        if not steps:
+            return
+        async with self.db.transaction() as conn:
+            for name, params in steps:
+                await conn.execute(self.q[name], params)
+
+    async def release_expired_leases(self) -> int:
+        async with self.db.transaction() as conn:
+            released: int = (await conn.execute(self.q["release_expired"])).rowcount
+            if released:
+                await conn.execute(self.q["count_released"], {"released": released})
+        return released
+
+    async def wait_for_messages(self, timeout: float) -> bool:
+        # No cross-process notification in SQLite: the relay's adaptive polling does the work.
+        try:
+            await asyncio.wait_for(self.doorbell.wait(), timeout)
+        except TimeoutError:
+            return False
+        self.doorbell.clear()
+        return True
+
+    async def heartbeat(self, relay: RelayInfo) -> None:
+        params = {
+            "relay_id": relay.relay_id,
+            "hostname": relay.hostname,
+            "pid": relay.pid,
+            "started_at": relay.started_at.timestamp(),
+        }
+        async with self.db.connection() as conn:
+            await conn.execute(self.q["heartbeat"], params)
+
+    async def unregister(self, relay_id: str) -> None:
+        async with self.db.connection() as conn:
+            await conn.execute(self.q["unregister"], {"relay_id": relay_id})

@@ -1,0 +1,54 @@
+"""``open_store``: the scheme registry picks the store package; URLs are checked at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from outboxer.errors import ConfigurationError
+from outboxer.ports import DatabaseStore
+from outboxer.stores import open_store
+from outboxer.stores.postgres import PostgresStore
+from outboxer.stores.postgres.connection import normalize_url
+from outboxer.stores.sqlite import SqliteStore
+
+
+def test_the_scheme_picks_the_store() -> None:
+    postgres = open_store("postgresql+asyncpg://app@127.0.0.1/app")
+    sqlite = open_store("sqlite:///outbox.db")
+    assert isinstance(postgres, PostgresStore) and isinstance(sqlite, SqliteStore)
+    assert isinstance(postgres, DatabaseStore) and isinstance(sqlite, DatabaseStore)
+    assert sqlite.path == "outbox.db"
+    absolute = open_store("sqlite:////var/lib/outbox.db")
+    assert isinstance(absolute, SqliteStore) and absolute.path == "/var/lib/outbox.db"
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("mysql://root@127.0.0.1/test", "mysql:// databases are not supported"),
+        ("mariadb://root@127.0.0.1/test", "mariadb:// databases are not supported"),
+        ("kafka://127.0.0.1:9092", "unsupported database URL kafka://"),
+        ("postgresql://app:s3cret@db/app?fsync=off", "unknown option 'fsync'"),
+        ("postgresql://app:s3cret@db/app?sslmode=maybe", "sslmode='maybe' is not one of"),
+        ("postgresql://app:s3cret@db:70000/app", "port '70000'"),
+        ("sqlite://host/outbox.db", "no host is allowed"),
+        ("sqlite:///", "a path is required"),
+        ("sqlite://user:pw@/x.db", "no host is allowed"),
+    ],
+)
+def test_bad_urls_are_refused_in_one_line_without_the_password(url: str, words: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        open_store(url)
+    message = str(caught.value)
+    assert words in message and "\n" not in message
+    assert "s3cret" not in message and "pw@" not in message
+
+
+def test_asyncpg_gets_the_declared_options_and_the_timeout_goes_to_the_pool() -> None:
+    dsn, timeout = normalize_url(
+        "postgres://app:pw@h1,h2:5433/app?application_name=relay%201&connect_timeout=3"
+        "&sslmode=require"
+    )
+    assert dsn == "postgresql://app:pw@h1,h2:5433/app?application_name=relay%201&sslmode=require"
+    assert timeout == 3.0
+    assert normalize_url("postgresql:///app") == ("postgresql:///app", 10.0)
