@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 from outboxer.errors import StoreError
+from outboxer.inbox import consume
 from outboxer.message import Message
 from outboxer.outbox import Outbox
 from outboxer.ports import ConsumeFailure, DeadLetterFilter, Settlement
@@ -36,7 +37,8 @@ class ReplayIsOneTransaction:
             raise RuntimeError("handler bug")
 
         consumed = Message(id="consumed", topic="t", payload=b"{}")
-        assert await store.consume(
+        assert await consume(
+            store,
             "c",
             [consumed],
             broken,
