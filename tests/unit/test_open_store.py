@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from outboxer import urls
 from outboxer.errors import ConfigurationError
 from outboxer.ports import DatabaseStore
 from outboxer.stores import open_store
+from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.postgres.connection import normalize_url
 from outboxer.stores.sqlite import SqliteStore
@@ -15,8 +17,11 @@ from outboxer.stores.sqlite import SqliteStore
 def test_the_scheme_picks_the_store() -> None:
     postgres = open_store("postgresql+asyncpg://app@127.0.0.1/app")
     sqlite = open_store("sqlite:///outbox.db")
+    mysql = open_store("mariadb://root@127.0.0.1/test", connections=3)
     assert isinstance(postgres, PostgresStore) and isinstance(sqlite, SqliteStore)
-    assert isinstance(postgres, DatabaseStore) and isinstance(sqlite, DatabaseStore)
+    assert isinstance(mysql, MysqlStore)
+    for store in (postgres, sqlite, mysql):
+        assert isinstance(store, DatabaseStore)
     assert sqlite.path == "outbox.db"
     absolute = open_store("sqlite:////var/lib/outbox.db")
     assert isinstance(absolute, SqliteStore) and absolute.path == "/var/lib/outbox.db"
@@ -25,8 +30,6 @@ def test_the_scheme_picks_the_store() -> None:
 @pytest.mark.parametrize(
     ("url", "words"),
     [
-        ("mysql://root@127.0.0.1/test", "mysql:// databases are not supported"),
-        ("mariadb://root@127.0.0.1/test", "mariadb:// databases are not supported"),
         ("kafka://127.0.0.1:9092", "unsupported database URL kafka://"),
         ("postgresql://app:s3cret@db/app?fsync=off", "unknown option 'fsync'"),
         ("postgresql://app:s3cret@db/app?sslmode=maybe", "sslmode='maybe' is not one of"),
@@ -52,3 +55,12 @@ def test_asyncpg_gets_the_declared_options_and_the_timeout_goes_to_the_pool() ->
     assert dsn == "postgresql://app:pw@h1,h2:5433/app?application_name=relay%201&sslmode=require"
     assert timeout == 3.0
     assert normalize_url("postgresql:///app") == ("postgresql:///app", 10.0)
+
+
+def test_a_registered_scheme_without_its_store_package_is_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scheme = urls.Scheme("cockroach", "database", "outboxer.stores.cockroach", None)
+    monkeypatch.setitem(urls.SCHEMES, "cockroachdb", scheme)
+    with pytest.raises(ConfigurationError, match="cockroachdb:// databases are not supported"):
+        open_store("cockroachdb://root:s3cret@127.0.0.1/app")
