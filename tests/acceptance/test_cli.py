@@ -335,6 +335,7 @@ async def test_dlq_list_and_show_escape_terminal_control_sequences(
     """Topic, key, type, id, reason and relay id come from producers, errors and options:
     printed raw, an escape sequence would recolour, clear or retitle the operator's terminal."""
     from outboxer.config import TableNames
+    from outboxer.inbox import consume
     from outboxer.message import Message
     from outboxer.ports import ConsumeFailure, RelayInfo
     from outboxer.stores.sqlite import SqliteStore
@@ -357,8 +358,8 @@ async def test_dlq_list_and_show_escape_terminal_control_sequences(
 
     now = dt.datetime.now(dt.UTC)
     async with SqliteStore(sqlite_url, TableNames()) as store:
-        outcomes = await store.consume(
-            "mailer", [hostile], failing, on_failure=give_up, retention_seconds=60
+        outcomes = await consume(
+            store, "mailer", [hostile], failing, on_failure=give_up, retention_seconds=60
         )
         await store.heartbeat(RelayInfo("relay\x1b[2J", "h", 1, now, now))
     assert outcomes == ["dead"]

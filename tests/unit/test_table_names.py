@@ -24,10 +24,11 @@ _DERIVED = re.compile(r'"\{t\}(\w*)"')
 def derived_suffixes() -> set[str]:
     """The suffix of every name derived from the table, in every dialect's SQL files."""
     suffixes = set()
-    for dialect in resources.files("outboxer.stores.sql").iterdir():
-        if not dialect.is_dir():
+    for store in resources.files("outboxer.stores").iterdir():
+        files = store.joinpath("sql")
+        if not files.is_dir():
             continue
-        for sql in dialect.iterdir():
+        for sql in files.iterdir():
             if sql.name.endswith(".sql"):
                 suffixes.update(_DERIVED.findall(sql.read_text()))
     return suffixes
