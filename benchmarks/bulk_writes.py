@@ -31,7 +31,7 @@ from outboxer.config import TableNames
 from outboxer.stores.postgres import PostgresStore
 
 N = 10_000
-ROUNDS = 3
+ROUNDS = 5
 
 
 def messages() -> list[dict[str, Any]]:

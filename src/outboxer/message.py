@@ -98,8 +98,11 @@ def _json_default(value: Any) -> Any:
 
 # Built once: json.dumps with options constructs an encoder on every call (a third of the cost
 # of encoding a small payload). NaN and Infinity are refused: they are not JSON, and consumers
-# in other languages (and PostgreSQL's jsonb) reject them.
-_PAYLOAD_ENCODER = json.JSONEncoder(default=_json_default, separators=(",", ":"), allow_nan=False)
+# in other languages (and PostgreSQL's jsonb) reject them. No circular-reference bookkeeping
+# on every container: a circular payload ends in RecursionError, refused as well.
+_PAYLOAD_ENCODER = json.JSONEncoder(
+    default=_json_default, separators=(",", ":"), allow_nan=False, check_circular=False
+)
 _HEADERS_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
@@ -115,9 +118,11 @@ def encode_payload(payload: object) -> tuple[bytes, str]:
             (NaN, Infinity, a circular or too deeply nested structure) or is a ``str`` that is
             not valid Unicode (a lone surrogate).
     """
-    if isinstance(payload, bytes | bytearray | memoryview):
-        return bytes(payload), OCTET_STREAM
     try:
+        if type(payload) is dict or type(payload) is list:  # the common case, tested first
+            return _PAYLOAD_ENCODER.encode(payload).encode(), JSON
+        if isinstance(payload, bytes | bytearray | memoryview):
+            return bytes(payload), OCTET_STREAM
         if isinstance(payload, str):
             return payload.encode(), TEXT
         dump_json = getattr(payload, "model_dump_json", None)
@@ -127,8 +132,8 @@ def encode_payload(payload: object) -> tuple[bytes, str]:
             payload = dataclasses.asdict(payload)
         return _PAYLOAD_ENCODER.encode(payload).encode(), JSON
     except (TypeError, ValueError, RecursionError, OverflowError) as exc:
-        # ValueError covers NaN/Infinity, circular references, lone surrogates in a str payload
-        # and ints beyond Python's digit limit; RecursionError a structure nested too deep.
+        # ValueError covers NaN/Infinity, lone surrogates in a str payload and ints beyond
+        # Python's digit limit; RecursionError a circular or too deeply nested structure.
         raise ConfigurationError(f"cannot serialize payload: {exc}") from exc
 
 
