@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from outboxer.errors import ConfigurationError
+from outboxer.message import Row
 
 if TYPE_CHECKING:
     from outboxer.config import TableNames
-    from outboxer.message import Row
 
 __all__ = [
     "CONNECTIONS",
@@ -41,7 +41,9 @@ __all__ = [
     "SyncWriter",
     "Writer",
     "async_writer",
+    "columns",
     "find_writer",
+    "insert_into",
     "sync_writer",
     "writer_for",
 ]
@@ -180,13 +182,32 @@ def writer_for(conn: Any) -> tuple[Writer, Any]:
     return found
 
 
+def insert_into(names: TableNames, values: str, quote: str = '"') -> str:
+    """``INSERT INTO <outbox> (<Row's columns>) <values>``: the head of every writer's INSERT;
+    ``values`` (in the writer's parameter style) is the writer's own."""
+    return f"INSERT INTO {names.qualified(quote=quote)} ({columns(quote)}) {values}"
+
+
+def columns(quote: str = '"', fields: Sequence[str] = Row._fields) -> str:
+    """The quoted column list of ``fields`` (default: every column of :class:`Row`)."""
+    return ", ".join(f"{quote}{field}{quote}" for field in fields)
+
+
+def _wrong_twin(conn: Any, is_async: bool) -> ConfigurationError:
+    if is_async:
+        return ConfigurationError(
+            f"{type(conn).__qualname__} is asynchronous: use 'await enqueue_async(...)'"
+        )
+    return ConfigurationError(
+        f"{type(conn).__qualname__} is synchronous: use 'enqueue(...)' (no await)"
+    )
+
+
 def sync_writer(conn: Any) -> tuple[SyncWriter, Any]:
     """:func:`writer_for` for ``enqueue``: refuses an asynchronous connection."""
     writer, target = writer_for(conn)
     if writer.is_async is True:
-        raise ConfigurationError(
-            f"{type(conn).__qualname__} is asynchronous: use 'await enqueue_async(...)'"
-        )
+        raise _wrong_twin(conn, writer.is_async)
     return writer, target
 
 
@@ -194,7 +215,5 @@ def async_writer(conn: Any) -> tuple[AsyncWriter, Any]:
     """:func:`writer_for` for ``enqueue_async``: refuses a synchronous connection."""
     writer, target = writer_for(conn)
     if writer.is_async is False:
-        raise ConfigurationError(
-            f"{type(conn).__qualname__} is synchronous: use 'enqueue(...)' (no await)"
-        )
+        raise _wrong_twin(conn, writer.is_async)
     return writer, target

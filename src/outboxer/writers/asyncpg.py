@@ -17,6 +17,7 @@ import asyncpg
 
 from outboxer.config import TableNames
 from outboxer.message import Row
+from outboxer.writers import insert_into
 
 __all__ = ["ASYNC", "AsyncpgWriter"]
 
@@ -25,9 +26,8 @@ _COPIED = Row._fields[:-1]  # all but available_at, which COPY leaves to its def
 
 @cache
 def _insert(names: TableNames) -> str:
-    return (
-        f"INSERT INTO {names.qualified()} ({', '.join(Row._fields)}) "
-        "VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, COALESCE($8::timestamptz, now()))"
+    return insert_into(
+        names, "VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, COALESCE($8::timestamptz, now()))"
     )
 
 

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from outboxer.config import TableNames
 from outboxer.message import Row
+from outboxer.writers import insert_into
 
 __all__ = ["AIOMYSQL", "ASYNC", "SYNC", "AsyncMysqlWriter", "MysqlWriter", "insert_sql", "params"]
 
@@ -39,10 +40,7 @@ def insert_sql(names: TableNames, rows: int = 1, *, hex_payload: bool = False) -
     """The INSERT of ``rows`` rows, in ``%s`` style."""
     payload = "UNHEX(%s)" if hex_payload else "%s"
     values = f"(%s, %s, %s, %s, {payload}, %s, %s, COALESCE(%s, UTC_TIMESTAMP(6)))"
-    columns = ", ".join(f"`{field}`" for field in Row._fields)
-    return f"INSERT INTO {names.qualified(quote='`')} ({columns}) VALUES " + ", ".join(
-        [values] * rows
-    )
+    return insert_into(names, "VALUES " + ", ".join([values] * rows), quote="`")
 
 
 def params(row: Row, *, hex_payload: bool = False) -> tuple[Any, ...]:

@@ -19,6 +19,7 @@ from psycopg import pq
 
 from outboxer.config import TableNames
 from outboxer.message import Row
+from outboxer.writers import columns, insert_into
 
 __all__ = ["ASYNC", "SYNC", "AsyncPsycopgWriter", "PsycopgWriter"]
 
@@ -27,15 +28,14 @@ _COPIED = Row._fields[:-1]  # all but available_at, which COPY leaves to its def
 
 @cache
 def _insert(names: TableNames) -> str:
-    return (
-        f"INSERT INTO {names.qualified()} ({', '.join(Row._fields)}) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, COALESCE(%s::timestamptz, now()))"
+    return insert_into(
+        names, "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, COALESCE(%s::timestamptz, now()))"
     )
 
 
 @cache
 def _copy(names: TableNames) -> str:
-    return f"COPY {names.qualified()} ({', '.join(_COPIED)}) FROM STDIN"
+    return f"COPY {names.qualified()} ({columns(fields=_COPIED)}) FROM STDIN"
 
 
 def _can_copy(conn: psycopg.Connection | psycopg.AsyncConnection, rows: Sequence[Row]) -> bool:

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
 from outboxer.message import Row
-from outboxer.writers import find_writer
+from outboxer.writers import find_writer, insert_into
 from outboxer.writers.mysql import params as mysql_params
 from outboxer.writers.sqlite3 import params as sqlite_params
 
@@ -56,9 +56,7 @@ def _insert(names: TableNames, dialect: str) -> TextClause:
         raise ConfigurationError(
             f"outboxer cannot write to {dialect!r} through SQLAlchemy"
         ) from None
-    quote = _QUOTE.get(dialect, '"')
-    columns = ", ".join(f"{quote}{field}{quote}" for field in Row._fields)
-    return text(f"INSERT INTO {names.qualified(quote=quote)} ({columns}) {values}")
+    return text(insert_into(names, values, _QUOTE.get(dialect, '"')))
 
 
 def _params(row: Row, dialect: str) -> dict[str, Any]:

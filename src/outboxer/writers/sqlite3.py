@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from outboxer.config import TableNames
 from outboxer.message import Row
+from outboxer.writers import insert_into
 
 __all__ = ["SYNC", "Sqlite3Writer", "insert_sql", "params"]
 
@@ -22,10 +23,7 @@ _NOW = "(julianday('now') - 2440587.5) * 86400.0"
 @cache
 def insert_sql(names: TableNames) -> str:
     """The INSERT of one row, in qmark style (``executemany`` repeats it)."""
-    return (
-        f"INSERT INTO {names.qualified()} ({', '.join(Row._fields)}) "
-        f"VALUES (?, ?, ?, ?, ?, ?, ?, COALESCE(?, {_NOW}))"
-    )
+    return insert_into(names, f"VALUES (?, ?, ?, ?, ?, ?, ?, COALESCE(?, {_NOW}))")
 
 
 def params(row: Row) -> tuple[Any, ...]:
