@@ -320,6 +320,12 @@ class RelayStore(SweeperStore, StatsStore, Protocol):
         """Apply the outcome of a batch atomically, fenced by ``claim.token``."""
         ...
 
+    async def extend_lease(self, claim: Claim, lease_seconds: float) -> int:
+        """Extend the lease of the claim's messages to ``lease_seconds`` from now, fenced by
+        ``claim.token``: only rows this claim still holds are extended (a lease that expired
+        and was taken back stays lost). Returns how many are still held."""
+        ...
+
     async def release_expired_leases(self) -> int:
         """Make messages whose lease ran out claimable again; return how many."""
         ...

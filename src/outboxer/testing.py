@@ -204,6 +204,13 @@ class InMemoryStore:
         for row in self._owned(settlement.released, claim.token):
             row.token, row.locked_by, row.locked_until = None, None, None
 
+    async def extend_lease(self, claim: Claim, lease_seconds: float) -> int:
+        until = self._clock() + dt.timedelta(seconds=lease_seconds)
+        held = self._owned([m.id for m in claim.messages], claim.token)
+        for row in held:
+            row.locked_until = until
+        return len(held)
+
     async def release_expired_leases(self) -> int:
         now = self._clock()
         expired = [

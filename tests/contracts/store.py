@@ -280,6 +280,25 @@ class StoreContract:
         assert await store.replay_dead_letters(DeadLetterFilter(ids=[dead_id])) == []
         assert (await store.get_dead_letter(dead_id)).id == dead_id
 
+    async def test_a_relay_keeps_the_lease_of_what_it_is_still_publishing(
+        self, store: Store, add: Add
+    ) -> None:
+        first = await add("t", {"n": 1})
+        lost = await add("t", {"n": 2})
+        c = await claim(store, 1, lease=0.4)
+        assert await store.extend_lease(c, 30) == 1
+        await asyncio.sleep(0.5)  # past the first lease
+        assert await store.release_expired_leases() == 0
+        # Fenced by the claim token: another claim's token extends nothing.
+        assert await store.extend_lease(Claim(c.token + 1, c.messages), 30) == 0
+        other = await claim(store, 1, lease=0.1)
+        assert [m.id for m in other.messages] == [lost]
+        await asyncio.sleep(0.25)
+        assert await store.release_expired_leases() == 1
+        assert await store.extend_lease(other, 30) == 0  # a lease taken back stays lost
+        await store.settle(c, Settlement(published=[first]))
+        assert await store.extend_lease(c, 30) == 0  # settled: nothing held any more
+
     async def test_a_reused_id_that_fails_again_replaces_its_dead_letter_and_the_batch_settles(
         self, store: Store, add: Add
     ) -> None:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
 
 import outboxer
 from outboxer.config import Backoff, RelaySettings, TableNames
-from outboxer.errors import RetryablePublishError
+from outboxer.errors import PublishError, RetryablePublishError
 from outboxer.message import Message
 from outboxer.relay import Relay
 from outboxer.stores import _sql
@@ -343,3 +345,29 @@ async def test_a_failed_or_cancelled_listen_gives_its_connection_back(
         await store.close()
     finally:
         pool.terminate()  # close() would wait for the connections a leak never gives back
+
+
+async def test_a_publish_slower_than_the_lease_is_published_once(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    lease = 1.0
+    ids = await fill(pg_url, pg_schema, 20)
+    slow_id = ids[0]
+    await wait_past_commit_gate(pg_store)
+
+    class SlowWebhook(RecordingPublisher):
+        """One message takes three leases to be acknowledged."""
+
+        async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+            if any(m.id == slow_id for m in messages):
+                await asyncio.sleep(3 * lease)
+            return await super().publish(messages)
+
+    publisher = SlowWebhook()
+    settings = replace(
+        QUICK, batch_size=5, lease_seconds=lease, heartbeat_interval=lease / 4, ordered=False
+    )
+    await run_relays(pg_url, pg_schema, publisher, 2, settings)  # both drain the outbox
+    published = collections.Counter(m.id for m in publisher.messages)
+    assert published[slow_id] == 1  # the other relay never took it over
+    assert set(published) == set(ids) and max(published.values()) == 1

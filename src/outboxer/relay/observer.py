@@ -78,7 +78,8 @@ class RelayObserver(Protocol):
         pauses ``pause`` seconds; ``failures == 0`` reports that the broker is back."""
 
     def store_unavailable(self, operation: str) -> None:
-        """A store operation (``claim``, ``settle``, ``heartbeat``, ``sweep``) failed."""
+        """A store operation (``claim``, ``settle``, ``extend_lease``, ``heartbeat``, ``sweep``)
+        failed."""
 
 
 class NoopObserver:

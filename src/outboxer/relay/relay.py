@@ -13,6 +13,8 @@ What a failure does:
 - ``PermanentPublishError``: dead-lettered at once (retrying cannot help).
 - ``BrokerUnavailable``: no attempt counted, the batch is released, and the whole relay pauses
   claiming along the outage backoff (5, 10, 20, 40, 60 s ...) until a publish succeeds.
+- A batch in flight keeps its lease: it is extended every third of a lease until the batch is
+  settled, so a slow publish is never taken over by another live relay.
 - Anything else the publisher raises (or a wrong number of results) is a bug of the publisher or
   its lifecycle ("publisher is not open"), not of the messages: it is logged with its traceback
   and handled as an outage, so one bug never dead-letters the outbox.
@@ -76,6 +78,12 @@ class RelayCounters:
     released: int = 0
     batches: int = 0
     outages: int = 0
+
+
+def _log_death(task: asyncio.Task[None]) -> None:
+    """Done callback of a helper task: its unexpected end is logged, never silent."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task %s died", task.get_name(), exc_info=task.exception())
 
 
 def _reason(error: BaseException) -> str:
@@ -407,6 +415,38 @@ class Relay:
     # -- one batch ---------------------------------------------------------------------------
 
     async def _deliver(self, claim: Claim) -> None:
+        keeper = asyncio.create_task(self._keep_lease(claim), name="outboxer-lease")
+        keeper.add_done_callback(_log_death)
+        try:
+            await self._publish_and_settle(claim)
+        finally:
+            keeper.cancel()
+
+    async def _keep_lease(self, claim: Claim) -> None:
+        """Extend the batch's lease every third of a lease until it is settled.
+
+        A publish slower than the lease (a slow webhook or handler) would otherwise be taken
+        back by a sweeper and published again by another, live relay. A relay that dies stops
+        extending, so its batch is taken back at most one lease after its last extension.
+        """
+        lease = self.settings.lease_seconds
+        while True:
+            await asyncio.sleep(lease / 3)
+            try:
+                held = await self.store.extend_lease(claim, lease)
+            except StoreError as exc:
+                self.observer.store_unavailable("extend_lease")
+                log.warning("could not extend the lease of a batch in flight: %s", exc)
+                continue
+            if held < len(claim.messages):
+                log.warning(
+                    "%d of %d messages in flight lost their lease before it was extended: "
+                    "another relay may publish them too",
+                    len(claim.messages) - held,
+                    len(claim.messages),
+                )
+
+    async def _publish_and_settle(self, claim: Claim) -> None:
         settlement = Settlement()
         try:
             if self.settings.ordered:

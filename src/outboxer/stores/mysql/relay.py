@@ -153,6 +153,20 @@ class MysqlRelay:
 
         await self.db.run(apply)
 
+    async def extend_lease(self, claim: Claim, lease_seconds: float) -> int:
+        if not claim.messages:
+            return 0
+        args = {
+            "ids": tuple(m.id for m in claim.messages),
+            "token": claim.token,
+            "lease_us": micros(lease_seconds),
+        }
+
+        async def extend(conn: Conn) -> int:
+            return await execute(conn, self.db.queries["extend_lease"], args)
+
+        return await self.db.run(extend)
+
     async def release_expired_leases(self) -> int:
         q = self.db.queries
 

@@ -144,6 +144,14 @@ class PostgresRelay(PostgresPart):
                 for sql, args in statements:
                     await conn.execute(sql, *args)
 
+    async def extend_lease(self, claim: Claim, lease_seconds: float) -> int:
+        ids = [m.id for m in claim.messages]
+        async with self.db.connection() as conn:
+            status = await conn.execute(
+                self.q["extend_lease"], ids, claim.token, float(lease_seconds)
+            )
+        return int(status.split()[-1])
+
     async def release_expired_leases(self) -> int:
         async with self.db.connection() as conn:
             return int(await conn.fetchval(self.q["release_expired"]))

@@ -68,6 +68,16 @@ class SqliteRelay(SqlitePart):
             for name, params in steps:
                 await conn.execute(self.q[name], params)
 
+    async def extend_lease(self, claim: Claim, lease_seconds: float) -> int:
+        params = {
+            "ids": json.dumps([m.id for m in claim.messages]),
+            "token": claim.token,
+            "lease": float(lease_seconds),
+        }
+        async with self.db.connection() as conn:
+            extended: int = (await conn.execute(self.q["extend_lease"], params)).rowcount
+        return extended
+
     async def release_expired_leases(self) -> int:
         async with self.db.transaction() as conn:
             released: int = (await conn.execute(self.q["release_expired"])).rowcount

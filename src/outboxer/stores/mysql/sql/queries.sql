@@ -68,6 +68,12 @@ SET o.attempts = o.attempts + 1, o.last_error = u.reason,
     o.claim_token = NULL, o.locked_by = NULL, o.locked_until = NULL
 WHERE o.claim_token = %(token)s
 
+-- name: extend_lease
+-- A relay keeps the lease of a batch it is still publishing (see the PostgreSQL query).
+UPDATE {outbox}
+SET locked_until = UTC_TIMESTAMP(6) + INTERVAL %(lease_us)s MICROSECOND
+WHERE id IN %(ids)s AND claim_token = %(token)s
+
 -- name: release
 UPDATE {outbox}
 SET claim_token = NULL, locked_by = NULL, locked_until = NULL

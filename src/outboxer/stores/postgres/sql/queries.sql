@@ -72,6 +72,13 @@ SET attempts = o.attempts + 1, last_error = u.reason,
 FROM unnest($1::text[], $2::float8[], $3::text[]) AS u(id, delay, reason)
 WHERE o.id = u.id AND o.claim_token = $4
 
+-- name: extend_lease
+-- A relay keeps the lease of a batch it is still publishing (a slow broker or webhook). By id
+-- (the primary key) rather than by claim_token, which no index covers; locked_until is in no
+-- index either, so this is a HOT update.
+UPDATE {outbox} SET locked_until = now() + make_interval(secs => $3)
+WHERE id = ANY($1::text[]) AND claim_token = $2
+
 -- name: release
 UPDATE {outbox}
 SET claim_token = NULL, locked_by = NULL, locked_until = NULL

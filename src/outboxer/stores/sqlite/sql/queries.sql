@@ -56,6 +56,12 @@ SET attempts = attempts + 1,
     claim_token = NULL, locked_by = NULL, locked_until = NULL
 WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(:items)) AND claim_token = :token
 
+-- name: extend_lease
+-- A relay keeps the lease of a batch it is still publishing (see the PostgreSQL query).
+UPDATE {outbox}
+SET locked_until = (julianday('now') - 2440587.5) * 86400.0 + :lease
+WHERE id IN (SELECT value FROM json_each(:ids)) AND claim_token = :token
+
 -- name: release
 UPDATE {outbox}
 SET claim_token = NULL, locked_by = NULL, locked_until = NULL
