@@ -114,24 +114,9 @@ class Settlement:
 Direction = Literal["publish", "consume"]
 
 
-def payload_json(payload: bytes, content_type: str) -> Any:
-    """A payload as JSON shows it: parsed JSON, text, or ``{"base64": …}`` for other bytes."""
-    try:
-        text = payload.decode()
-        if content_type.startswith("application/json"):
-            import json
-
-            return json.loads(text)
-    except (UnicodeDecodeError, ValueError):
-        import base64
-
-        return {"base64": base64.b64encode(payload).decode()}
-    return text
-
-
 @dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """A message that failed for good, with why and how often."""
+class _StoredEnvelope:
+    """What operators see of a stored message, dead letter or not: its envelope."""
 
     id: str
     topic: str
@@ -141,6 +126,36 @@ class DeadLetter:
     content_type: str
     headers: Mapping[str, str]
     created_at: dt.datetime
+
+    def _envelope_json(self) -> dict[str, Any]:
+        """The envelope's part of the JSON shapes; the payload is parsed JSON, text, or
+        ``{"base64": …}`` for other bytes."""
+        try:
+            payload: Any = self.payload.decode()
+            if self.content_type.startswith("application/json"):
+                import json
+
+                payload = json.loads(payload)
+        except (UnicodeDecodeError, ValueError):
+            import base64
+
+            payload = {"base64": base64.b64encode(self.payload).decode()}
+        return {
+            "id": self.id,
+            "topic": self.topic,
+            "key": self.key,
+            "type": self.type,
+            "payload": payload,
+            "content_type": self.content_type,
+            "headers": dict(self.headers),
+            "created_at": self.created_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter(_StoredEnvelope):
+    """A message that failed for good, with why and how often."""
+
     dead_lettered_at: dt.datetime
     failure_reason: str
     attempts: int
@@ -149,14 +164,7 @@ class DeadLetter:
     def to_json(self) -> dict[str, Any]:
         """The JSON shape of the CLI (``--json``) and the admin API."""
         return {
-            "id": self.id,
-            "topic": self.topic,
-            "key": self.key,
-            "type": self.type,
-            "payload": payload_json(self.payload, self.content_type),
-            "content_type": self.content_type,
-            "headers": dict(self.headers),
-            "created_at": self.created_at.isoformat(),
+            **self._envelope_json(),
             "dead_lettered_at": self.dead_lettered_at.isoformat(),
             "failure_reason": self.failure_reason,
             "attempts": self.attempts,
@@ -378,7 +386,7 @@ MessageState = Literal["pending", "scheduled", "retrying", "in_flight", "held"]
 
 
 @dataclass(frozen=True, slots=True)
-class OutboxMessage:
+class OutboxMessage(_StoredEnvelope):
     """A message still in the outbox, as operators see it: the envelope and where it stands.
 
     Attributes:
@@ -388,14 +396,6 @@ class OutboxMessage:
         lease_expires_at: When that lease runs out (then the sweeper takes the message back).
     """
 
-    id: str
-    topic: str
-    key: str | None
-    type: str | None
-    payload: bytes
-    content_type: str
-    headers: Mapping[str, str]
-    created_at: dt.datetime
     next_attempt_at: dt.datetime
     attempts: int
     last_error: str | None
@@ -406,10 +406,7 @@ class OutboxMessage:
     def to_json(self) -> dict[str, Any]:
         """The JSON shape of ``outboxer messages --json`` and ``GET /api/messages``."""
         return {
-            "id": self.id,
-            "topic": self.topic,
-            "key": self.key,
-            "type": self.type,
+            **self._envelope_json(),
             "state": self.state,
             "attempts": self.attempts,
             "last_error": self.last_error,
@@ -418,10 +415,6 @@ class OutboxMessage:
             "lease_expires_at": self.lease_expires_at.isoformat()
             if self.lease_expires_at is not None
             else None,
-            "created_at": self.created_at.isoformat(),
-            "payload": payload_json(self.payload, self.content_type),
-            "content_type": self.content_type,
-            "headers": dict(self.headers),
         }
 
 

@@ -58,6 +58,20 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+def _envelope(m: Message) -> dict[str, Any]:
+    """The fields a dead letter or an operator's view of a message copies from it."""
+    return {
+        "id": m.id,
+        "topic": m.topic,
+        "key": m.key,
+        "type": m.type,
+        "payload": m.payload,
+        "content_type": m.content_type,
+        "headers": m.headers,
+        "created_at": m.created_at,
+    }
+
+
 @dataclass(slots=True)
 class _Row:
     seq: int
@@ -144,7 +158,7 @@ class InMemoryStore:
         token = int.from_bytes(os.urandom(8), "big") >> 1
         claimed: list[Message] = []
         blocked: set[str] = set()  # keys with an older row that is leased or waiting
-        dead_keys = {d.key for _, d in self._dead.values() if d.direction == "publish"}
+        dead_keys = self._dead_keys()
         for row in sorted(self._rows.values(), key=lambda r: r.seq):
             if len(claimed) >= limit:
                 break
@@ -188,14 +202,7 @@ class InMemoryStore:
             self._dead[m.id] = (
                 self._seq,
                 DeadLetter(
-                    id=m.id,
-                    topic=m.topic,
-                    key=m.key,
-                    type=m.type,
-                    payload=m.payload,
-                    content_type=m.content_type,
-                    headers=m.headers,
-                    created_at=m.created_at,
+                    **_envelope(m),
                     dead_lettered_at=now,
                     failure_reason=dead[m.id],
                     attempts=m.attempts + 1,
@@ -337,14 +344,7 @@ class InMemoryStore:
         else:
             state = "pending"
         return OutboxMessage(
-            id=m.id,
-            topic=m.topic,
-            key=m.key,
-            type=m.type,
-            payload=m.payload,
-            content_type=m.content_type,
-            headers=m.headers,
-            created_at=m.created_at,
+            **_envelope(m),
             next_attempt_at=row.available_at,
             attempts=m.attempts,
             last_error=row.last_error,
@@ -361,7 +361,7 @@ class InMemoryStore:
     ) -> MessagePage:
         limit = check_limit(limit)
         after = parse_cursor(cursor)
-        now, dead_keys = _now(), self._dead_keys()
+        now, dead_keys = self._clock(), self._dead_keys()
         found: list[tuple[int, OutboxMessage]] = []
         for row in sorted(self._rows.values(), key=lambda r: r.seq):
             if after is not None and row.seq <= after:
@@ -384,7 +384,7 @@ class InMemoryStore:
         row = self._rows.get(message_id)
         if row is None:
             raise message_not_found(message_id)
-        return self._outbox_message(row, _now(), self._dead_keys())
+        return self._outbox_message(row, self._clock(), self._dead_keys())
 
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         replayed = []
@@ -441,14 +441,7 @@ class InMemoryStore:
         self._dead[message.id] = (
             self._seq,
             DeadLetter(
-                id=message.id,
-                topic=message.topic,
-                key=message.key,
-                type=message.type,
-                payload=message.payload,
-                content_type=message.content_type,
-                headers=message.headers,
-                created_at=message.created_at,
+                **_envelope(message),
                 dead_lettered_at=self._clock(),
                 failure_reason=reason,
                 attempts=attempts,

@@ -113,6 +113,21 @@ async def make_dead(pg_store: PostgresStore, write: MakeDead) -> MakeDead:
     return make
 
 
+async def run_outboxer(*args: str, **env: str) -> tuple[int | None, str, str]:
+    """Run the ``outboxer`` command with only the given ``OUTBOXER_*`` variables."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
+    process = await asyncio.create_subprocess_exec(
+        OUTBOXER,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=clean | env,
+        cwd=ROOT,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+    return process.returncode, stdout.decode(), stderr.decode()
+
+
 async def snapshot(store: Store) -> tuple[int, int, int, list[str]]:
     """What a refused request must leave untouched."""
     stats = await store.stats()
@@ -233,16 +248,10 @@ async def test_stats_are_the_figures_of_the_cli(
     finally:
         await conn.close()
     api = (await admin.get("/api/stats")).json()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
-    cli = await asyncio.create_subprocess_exec(
-        OUTBOXER,
-        *("stats", "--database-url", pg_url, "--schema", pg_schema, "--json"),
-        stdout=asyncio.subprocess.PIPE,
-        env=env,
-        cwd=ROOT,
+    code, stdout, _ = await run_outboxer(
+        "stats", "--database-url", pg_url, "--schema", pg_schema, "--json"
     )
-    stdout, _ = await asyncio.wait_for(cli.communicate(), 60)
-    assert cli.returncode == 0
+    assert code == 0
     figures = json.loads(stdout)
     assert set(api) == set(figures)
     for name in ("pending", "in_flight", "dead_letters", "relays", "last_sweep"):
@@ -784,18 +793,12 @@ def test_a_token_with_surrounding_whitespace_is_refused_at_start(token: str) -> 
 async def test_serve_refuses_a_token_with_whitespace_in_one_line(
     pg_store: PostgresStore, pg_url: str, pg_schema: str
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
-    env["OUTBOXER_ADMIN_TOKEN"] = TOKEN + " "
-    serve = await asyncio.create_subprocess_exec(
-        OUTBOXER,
+    code, _, stderr = await run_outboxer(
         *("serve", "--database-url", pg_url, "--schema", pg_schema, "--port", "0"),
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-        cwd=ROOT,
+        OUTBOXER_ADMIN_TOKEN=TOKEN + " ",
     )
-    _, stderr = await asyncio.wait_for(serve.communicate(), 60)
-    assert serve.returncode == 2
-    lines = stderr.decode().strip().splitlines()
+    assert code == 2
+    lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "whitespace" in lines[0] and TOKEN not in lines[0], lines
 
 

@@ -44,18 +44,21 @@ def short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def echo_page(body: dict[str, Any], as_json: bool, print_items: Callable[[], None]) -> None:
-    """A list page: its JSON (``{"items", "next_cursor"}``), or the table and how to go on."""
+def echo_page(page: Any, as_json: bool, print_items: Callable[[list[Any]], None]) -> None:
+    """A list page (dead letters, messages): its JSON (``{"items", "next_cursor"}``, as the
+    admin API), or the human table and how to go on."""
     if as_json:
+        body = {"items": [i.to_json() for i in page.items], "next_cursor": page.next_cursor}
         click.echo(json.dumps(body, indent=2))
         return
-    print_items()
-    if body["next_cursor"]:
-        click.echo(f"more: --cursor {body['next_cursor']}")
+    print_items(list(page.items))
+    if page.next_cursor:
+        click.echo(f"more: --cursor {page.next_cursor}")
 
 
-def echo_fields(body: dict[str, Any], as_json: bool) -> None:
+def echo_fields(item: Any, as_json: bool) -> None:
     """One item (``show``): its JSON, or one ``name value`` line per field."""
+    body = item.to_json()
     if as_json:
         click.echo(json.dumps(body, indent=2))
         return

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import click
 
@@ -59,13 +58,11 @@ def dlq_list(
 ) -> None:
     """List dead letters, newest first."""
     flt = DeadLetterFilter(topic=topic, type=type_, key=key)
-
-    async def read(store: AdminStore) -> Any:
-        return await store.list_dead_letters(flt, limit=limit, cursor=cursor)
-
-    page = with_store(read, database_url, TableNames(table=table, schema=schema))
-    body = {"items": [d.to_json() for d in page.items], "next_cursor": page.next_cursor}
-    echo_page(body, as_json, lambda: _print_dead_letters(list(page.items)))
+    names = TableNames(table=table, schema=schema)
+    page = with_store(
+        lambda store: store.list_dead_letters(flt, limit=limit, cursor=cursor), database_url, names
+    )
+    echo_page(page, as_json, _print_dead_letters)
 
 
 @dlq.command("show")
@@ -76,12 +73,9 @@ def dlq_show(
     database_url: str, schema: str | None, table: str, dead_letter_id: str, as_json: bool
 ) -> None:
     """One dead letter with payload, reason and attempts."""
-
-    async def read(store: AdminStore) -> DeadLetter:
-        return await store.get_dead_letter(dead_letter_id)
-
     names = TableNames(table=table, schema=schema)
-    echo_fields(with_store(read, database_url, names).to_json(), as_json)
+    dead = with_store(lambda store: store.get_dead_letter(dead_letter_id), database_url, names)
+    echo_fields(dead, as_json)
 
 
 def _bulk_filter(

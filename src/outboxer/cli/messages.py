@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import get_args
 
 import click
 
 from outboxer.cli._common import echo_fields, echo_page, printable, short, with_store
 from outboxer.cli.options import database_options, filter_options, json_option, page_options
 from outboxer.config import TableNames
-from outboxer.ports import AdminStore, MessageFilter, MessageState, OutboxMessage
+from outboxer.ports import MessageFilter, MessageState, OutboxMessage
 
 
 @click.group()
@@ -57,13 +57,11 @@ def messages_list(
     relay shown) or held (its key has a publish dead letter).
     """
     flt = MessageFilter(state=state, topic=topic, type=type_, key=key)
-
-    async def read(store: AdminStore) -> Any:
-        return await store.list_messages(flt, limit=limit, cursor=cursor)
-
-    page = with_store(read, database_url, TableNames(table=table, schema=schema))
-    body = {"items": [m.to_json() for m in page.items], "next_cursor": page.next_cursor}
-    echo_page(body, as_json, lambda: _print_messages(list(page.items)))
+    names = TableNames(table=table, schema=schema)
+    page = with_store(
+        lambda store: store.list_messages(flt, limit=limit, cursor=cursor), database_url, names
+    )
+    echo_page(page, as_json, _print_messages)
 
 
 @messages.command("show")
@@ -74,9 +72,6 @@ def messages_show(
     database_url: str, schema: str | None, table: str, message_id: str, as_json: bool
 ) -> None:
     """One message not yet published, with its payload, state, attempts and last error."""
-
-    async def read(store: AdminStore) -> OutboxMessage:
-        return await store.get_message(message_id)
-
     names = TableNames(table=table, schema=schema)
-    echo_fields(with_store(read, database_url, names).to_json(), as_json)
+    message = with_store(lambda store: store.get_message(message_id), database_url, names)
+    echo_fields(message, as_json)

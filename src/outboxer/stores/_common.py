@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from outboxer.errors import ConfigurationError, NotFound, SchemaError
@@ -36,16 +36,23 @@ def decode_headers(raw: str | bytes | Mapping[str, str] | None) -> Mapping[str, 
     return value if isinstance(value, dict) else {}
 
 
+def _envelope(row: Row) -> dict[str, Any]:
+    """The envelope columns every stored message has (outbox row or dead letter)."""
+    return {
+        "id": row["id"],
+        "topic": row["topic"],
+        "key": row["key"],
+        "type": row["type"],
+        "payload": bytes(row["payload"]),
+        "content_type": row["content_type"],
+        "headers": decode_headers(row["headers"]),
+        "created_at": to_datetime(row["created_at"]),
+    }
+
+
 def message_from_row(row: Row) -> Message:
     return Message(
-        id=row["id"],
-        topic=row["topic"],
-        payload=bytes(row["payload"]),
-        key=row["key"],
-        type=row["type"],
-        headers=decode_headers(row["headers"]),
-        content_type=row["content_type"],
-        created_at=to_datetime(row["created_at"]),
+        **_envelope(row),
         available_at=to_datetime(row["available_at"]),
         attempts=row["attempts"],
     )
@@ -53,14 +60,7 @@ def message_from_row(row: Row) -> Message:
 
 def dead_letter_from_row(row: Row) -> DeadLetter:
     return DeadLetter(
-        id=row["id"],
-        topic=row["topic"],
-        key=row["key"],
-        type=row["type"],
-        payload=bytes(row["payload"]),
-        content_type=row["content_type"],
-        headers=decode_headers(row["headers"]),
-        created_at=to_datetime(row["created_at"]),
+        **_envelope(row),
         dead_lettered_at=to_datetime(row["dead_lettered_at"]),
         failure_reason=row["failure_reason"],
         attempts=row["attempts"],
@@ -72,14 +72,7 @@ def outbox_message_from_row(row: Row) -> OutboxMessage:
     """A row of the ``list_messages`` query (outbox columns and the judged ``state``)."""
     in_flight = row["state"] == "in_flight"
     return OutboxMessage(
-        id=row["id"],
-        topic=row["topic"],
-        key=row["key"],
-        type=row["type"],
-        payload=bytes(row["payload"]),
-        content_type=row["content_type"],
-        headers=decode_headers(row["headers"]),
-        created_at=to_datetime(row["created_at"]),
+        **_envelope(row),
         next_attempt_at=to_datetime(row["available_at"]),
         attempts=row["attempts"],
         last_error=row["last_error"],
@@ -89,18 +82,51 @@ def outbox_message_from_row(row: Row) -> OutboxMessage:
     )
 
 
-def message_conditions(flt: MessageFilter, message_id: str | None) -> list[tuple[str, str]]:
-    """The ``(column, value)`` equalities a message query needs, in a fixed order; the stores
-    turn them into fixed SQL text (column names from here, values always as parameters)."""
+def message_query(
+    template: str,
+    flt: MessageFilter,
+    message_id: str | None,
+    limit: int,
+    after: int | None,
+    condition: Callable[[int, str], str],
+) -> tuple[str, list[tuple[str, Any]]]:
+    """The ``list_messages`` query of a dialect for these filters, and its parameters in order.
+
+    Only the filters given become conditions (``condition(position, column)`` writes one in the
+    dialect's quoting and parameter style, e.g. ``AND o.key = $4``), so each combination gets a
+    plan of its own: a key filter can walk the (key, seq) index. Column names come from here,
+    values are always parameters: ``after``, ``limit``, ``state``, then the equalities.
+    """
     wanted = (("id", message_id), ("topic", flt.topic), ("key", flt.key), ("type", flt.type))
-    return [(column, value) for column, value in wanted if value is not None]
+    equal = [(column, value) for column, value in wanted if value is not None]
+    filters = " ".join(condition(n, column) for n, (column, _) in enumerate(equal, 4))
+    params = [("after", after or 0), ("limit", limit), ("state", flt.state), *equal]
+    return template.replace("{filters}", filters), params
 
 
-def message_page(rows: Sequence[Row], limit: int) -> MessagePage:
-    """A page from up to ``limit + 1`` rows in ``seq`` order (one more says there is a next)."""
-    page = rows[:limit]
-    next_cursor = str(page[-1]["seq"]) if len(rows) > limit else None
-    return MessagePage([outbox_message_from_row(r) for r in page], next_cursor)
+class MessageViews:
+    """The :class:`~outboxer.ports.MessageReader` port of a SQL store, over the one query its
+    dialect runs (``_message_rows``, built with :func:`message_query`)."""
+
+    async def _message_rows(
+        self, flt: MessageFilter, message_id: str | None, limit: int, after: int | None
+    ) -> Sequence[Row]:
+        raise NotImplementedError
+
+    async def list_messages(
+        self, flt: MessageFilter, *, limit: int, cursor: str | None
+    ) -> MessagePage:
+        limit = check_limit(limit)
+        rows = await self._message_rows(flt, None, limit + 1, parse_cursor(cursor))
+        page = rows[:limit]  # one row more than asked says there is a next page
+        next_cursor = str(page[-1]["seq"]) if len(rows) > limit else None
+        return MessagePage([outbox_message_from_row(r) for r in page], next_cursor)
+
+    async def get_message(self, message_id: str) -> OutboxMessage:
+        rows = await self._message_rows(MessageFilter(), message_id, 1, None)
+        if not rows:
+            raise message_not_found(message_id)
+        return outbox_message_from_row(rows[0])
 
 
 def message_not_found(message_id: str) -> NotFound:

@@ -16,17 +16,14 @@ from outboxer.ports import (
     DeadLetterFilter,
     DeadLetterPage,
     MessageFilter,
-    MessagePage,
-    OutboxMessage,
     OutboxStats,
     RelayInfo,
 )
 from outboxer.stores._common import (
+    MessageViews,
     check_limit,
     dead_letter_from_row,
-    message_conditions,
-    message_not_found,
-    message_page,
+    message_query,
     parse_cursor,
     sweep_report,
     to_datetime,
@@ -57,7 +54,7 @@ def filter_args(flt: DeadLetterFilter) -> dict[str, Any]:
     }
 
 
-class MysqlAdmin:
+class MysqlAdmin(MessageViews):
     """Stats, messages not yet published and dead letters over a :class:`MysqlDatabase`."""
 
     db: MysqlDatabase
@@ -149,29 +146,20 @@ class MysqlAdmin:
 
         return await self.db.run(purge)
 
-    async def list_messages(
-        self, flt: MessageFilter, *, limit: int, cursor: str | None
-    ) -> MessagePage:
-        limit = check_limit(limit)
-        rows = await self._message_rows(flt, None, limit + 1, parse_cursor(cursor))
-        return message_page(rows, limit)
-
-    async def get_message(self, message_id: str) -> OutboxMessage:
-        page = message_page(await self._message_rows(MessageFilter(), message_id, 1, None), 1)
-        if not page.items:
-            raise message_not_found(message_id)
-        return page.items[0]
-
     async def _message_rows(
         self, flt: MessageFilter, message_id: str | None, limit: int, after: int | None
     ) -> list[dict[str, Any]]:
-        equal = message_conditions(flt, message_id)
-        filters = " ".join(f"AND o.`{column}` = %({column})s" for column, _ in equal)
-        sql = self.db.queries["list_messages"].replace("{filters}", filters)
-        args = {"after": after or 0, "limit": limit, "state": flt.state, **dict(equal)}
+        sql, params = message_query(
+            self.db.queries["list_messages"],
+            flt,
+            message_id,
+            limit,
+            after,
+            "AND o.`{1}` = %({1})s".format,
+        )
 
         async def read(conn: Conn) -> list[dict[str, Any]]:
-            return [text_row(row) for row in await fetch_all(conn, sql, args)]
+            return [text_row(row) for row in await fetch_all(conn, sql, dict(params))]
 
         return await self.db.run(read)
 
