@@ -140,6 +140,20 @@ async def asyncpg_tx(url: str) -> AsyncIterator[Any]:
 
 
 @contextlib.asynccontextmanager
+async def asyncpg_jsonb_codec_tx(url: str) -> AsyncIterator[Any]:
+    # A codec many applications install: it must change nothing in what the outbox stores.
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.set_type_codec(
+            "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+        async with conn.transaction():
+            yield conn
+    finally:
+        await conn.close()
+
+
+@contextlib.asynccontextmanager
 async def asyncpg_pool_tx(url: str) -> AsyncIterator[Any]:
     async with (
         asyncpg.create_pool(url, min_size=1, max_size=1) as pool,
@@ -355,6 +369,7 @@ KINDS = [
             sqlalchemy_connection_tx,
             scoped_session_tx,
             asyncpg_tx,
+            asyncpg_jsonb_codec_tx,
             asyncpg_pool_tx,
             psycopg_async_tx,
             sqlalchemy_async_session_tx,
