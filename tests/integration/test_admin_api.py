@@ -812,13 +812,19 @@ async def test_a_lone_surrogate_in_a_stored_header_is_escaped_not_a_500(
         " VALUES ('odd-1', 'orders', x'7B7D', 'application/json', ?, 0, 'rejected', 3)",
         '{"trace": "a\\ud800b"}',
     )
+    await sqlite_store.execute(
+        "INSERT INTO {outbox} (id, topic, payload, headers) VALUES ('odd-2', 'orders', x'7B7D', ?)",
+        '{"trace": "a\\ud800b"}',
+    )
     async with client_for(create_app(sqlite_store, token=None)) as client:
-        listed = await client.get("/api/deadletters")
-        shown = await client.get("/api/deadletters/odd-1")
-    assert listed.status_code == 200, listed.text
-    assert shown.status_code == 200, shown.text
-    assert listed.json()["items"][0]["headers"] == {"trace": "a\\ud800b"}
-    assert shown.json()["headers"] == {"trace": "a\\ud800b"}
+        for path in ("/api/deadletters", "/api/messages"):
+            listed = await client.get(path)
+            assert listed.status_code == 200, listed.text
+            assert listed.json()["items"][0]["headers"] == {"trace": "a\\ud800b"}
+        for path in ("/api/deadletters/odd-1", "/api/messages/odd-2"):
+            shown = await client.get(path)
+            assert shown.status_code == 200, shown.text
+            assert shown.json()["headers"] == {"trace": "a\\ud800b"}
 
 
 async def test_readiness_does_not_reveal_the_database_error(

@@ -64,6 +64,13 @@ async def seeded(pg_store: PostgresStore, pg_url: str, pg_schema: str) -> list[s
             break
         await asyncio.sleep(0.01)
     assert sorted(dead) == sorted(ids)
+    # And messages not yet published, so that the messages endpoints answer with items.
+    conn = await asyncpg.connect(pg_url)
+    try:
+        for n in range(5):
+            await outbox.enqueue_async(conn, "orders", {"n": n, "text": "ünïcödé ✓"}, key=f"k{n}")
+    finally:
+        await conn.close()
     return ids
 
 
@@ -156,3 +163,5 @@ def test_no_generated_request_gets_a_server_error(base_url: str) -> None:
     statuses = set().union(*seen.values())
     assert 200 in statuses and 422 in statuses, seen
     assert 404 in seen["GET /api/deadletters/{dead_letter_id}"], seen
+    assert 404 in seen["GET /api/messages/{message_id}"], seen
+    assert 200 in seen["GET /api/messages"], seen
