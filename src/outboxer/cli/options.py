@@ -56,7 +56,8 @@ database_options = stack(
     env_option(
         "--schema",
         default=None,
-        help="Schema of the outbox tables (PostgreSQL). Default: the connection's.",
+        help="Schema of the outbox tables (PostgreSQL; the database on MySQL). "
+        "Default: the connection's.",
     ),
     env_option(
         "--table",
