@@ -1,4 +1,4 @@
-"""The inbox store contract, run against the in-memory fake, SQLite and PostgreSQL.
+"""The inbox store contract, run against the in-memory fake, SQLite, PostgreSQL and MariaDB.
 
 The consume state machine (``outboxer.inbox.consume``) is the same for every store; what is
 checked here is that each store's SQL primitives give it the same results.
@@ -24,6 +24,7 @@ from outboxer.config import TableNames
 from outboxer.inbox import consume, redrive_consume_failures
 from outboxer.message import Message
 from outboxer.ports import ConsumeFailure, DeadLetterFilter, InboxStore
+from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore
@@ -495,3 +496,33 @@ class TestPostgresInbox(InboxStoreContract):
             assert await first == "handled"
             assert await second == "duplicate"
         assert await effects.read() == ["c:m-1"]
+
+
+class TestMysqlInbox(InboxStoreContract):
+    @pytest.fixture
+    async def raw_store(self, mysql_store: MysqlStore, mysql_database: str) -> MysqlStore:
+        await mysql_store.execute(
+            f"CREATE TABLE `{mysql_database}`.effects "
+            "(n INT AUTO_INCREMENT PRIMARY KEY, consumer VARCHAR(64), message_id VARCHAR(64))"
+        )
+        return mysql_store
+
+    @pytest.fixture
+    def effects(self, raw_store: MysqlStore, mysql_database: str) -> Effects:
+        store = raw_store
+
+        async def record(connection: Any, consumer: str, message_id: str) -> None:
+            async with connection.cursor() as cursor:
+                await cursor.execute(
+                    f"INSERT INTO `{mysql_database}`.effects (consumer, message_id) "
+                    "VALUES (%s, %s)",
+                    (consumer, message_id),
+                )
+
+        async def read() -> list[str]:
+            rows = await store.execute(
+                f"SELECT consumer, message_id FROM `{mysql_database}`.effects ORDER BY n"
+            )
+            return [f"{r['consumer']}:{r['message_id']}" for r in rows]
+
+        return Effects(record, read)

@@ -1,8 +1,9 @@
 """MySQL 8 / MariaDB 10.6+ store, on asyncmy.
 
-Same design as the PostgreSQL store (docs/adr/0001, 0002): batches claimed with ``FOR UPDATE
-SKIP LOCKED`` under a lease, every settle fenced by the claim token, acknowledged rows deleted.
-What MySQL lacks is replaced:
+One class, :class:`MysqlStore`, assembled from its parts, one module per concern over the
+connection seam of :mod:`~outboxer.stores.mysql.connection`, in the shape of the PostgreSQL
+store (docs/adr/0001, 0002): batches claimed with ``FOR UPDATE SKIP LOCKED`` under a lease,
+every settle fenced by the claim token, acknowledged rows deleted. What MySQL lacks is replaced:
 
 - the commit-order gate (PostgreSQL's xid8 snapshot) by an ordered claim that counts the
   uncommitted rows of a key (docs/adr/0003-mysql-commit-order.md);
@@ -10,13 +11,21 @@ What MySQL lacks is replaced:
 - ``LISTEN/NOTIFY`` by a doorbell that polls the newest row's seq while the relay is idle;
 - ``UPDATE/DELETE ... RETURNING`` by a locking read followed by statements on the rows it locked.
 
+The parts:
+
+- ``relay.py``: claims, settlements, expired leases, the doorbell, the relay registry;
+- ``sweeper.py``: the periodic sweep, one instance at a time (``GET_LOCK``);
+- ``dead_letters.py``: figures and dead letters for operators;
+- ``messages.py``: the messages not yet published, read-only, for operators;
+- ``schema.py``: the versioned migrations;
+- ``inbox.py``: the inbox's SQL primitives (the state machine is :mod:`outboxer.inbox.consume`);
+- ``sql/``: the migrations and the named queries (``queries.sql``), with the reasons beside them.
+
 asyncmy was chosen by measurement (round trips 1.5-2x and row fetch ~3x faster than aiomysql on
 this machine; aiomysql 0.3 with PyMySQL 1.2 cannot even send bytes parameters).
 
-The store is one class assembled from its concerns, each in its own module over the connection
-seam (:mod:`.connection`): the relay's port (:mod:`.relay`), the sweeper (:mod:`.sweeper`),
-statistics, dead letters and messages (:mod:`.admin`), schema management (:mod:`.schema`), the
-inbox (:mod:`.inbox`), and its SQL in ``sql/``.
+Ownership: a store built from a URL creates and closes its pool; a store handed an asyncmy pool
+uses it and never closes it.
 """
 
 from __future__ import annotations
@@ -29,9 +38,10 @@ import asyncmy
 from outboxer.config import TableNames
 from outboxer.ports import DatabaseStore
 from outboxer.stores import _sql
-from outboxer.stores.mysql.admin import MysqlAdmin
-from outboxer.stores.mysql.connection import URL_SPEC, Conn, MysqlDatabase, fetch_all
+from outboxer.stores.mysql.connection import URL_SPEC, MysqlDatabase, fetch_all
+from outboxer.stores.mysql.dead_letters import MysqlDeadLetters
 from outboxer.stores.mysql.inbox import MysqlInbox
+from outboxer.stores.mysql.messages import MysqlMessages
 from outboxer.stores.mysql.relay import MysqlRelay, text_row
 from outboxer.stores.mysql.schema import MysqlSchema
 from outboxer.stores.mysql.sweeper import MysqlSweeper
@@ -39,8 +49,15 @@ from outboxer.stores.mysql.sweeper import MysqlSweeper
 __all__ = ["URL_SPEC", "MysqlStore", "from_url"]
 
 
-class MysqlStore(MysqlRelay, MysqlSweeper, MysqlAdmin, MysqlSchema, MysqlInbox):
-    """The outbox in MySQL or MariaDB.
+class MysqlStore(
+    MysqlRelay,
+    MysqlSweeper,
+    MysqlDeadLetters,
+    MysqlMessages,
+    MysqlSchema,
+    MysqlInbox,
+):
+    """The outbox in MySQL or MariaDB: every port of :class:`~outboxer.ports.DatabaseStore`.
 
     Args:
         url_or_pool: A ``mysql://`` or ``mariadb://`` URL (the store owns a pool it creates) or
@@ -60,6 +77,7 @@ class MysqlStore(MysqlRelay, MysqlSweeper, MysqlAdmin, MysqlSchema, MysqlInbox):
         max_connections: int | None = None,
     ) -> None:
         self.names = names or TableNames()
+        self.q = _sql.queries("mysql", self.names, quote="`")
         self.db = MysqlDatabase(url_or_pool, self.names, max_connections=max_connections)
 
     async def __aenter__(self) -> MysqlStore:
@@ -78,12 +96,9 @@ class MysqlStore(MysqlRelay, MysqlSweeper, MysqlAdmin, MysqlSchema, MysqlInbox):
     async def execute(self, sql: str, args: Any = None) -> Sequence[dict[str, Any]]:
         """Run SQL with the outbox placeholders rendered (tests and benchmarks); VARBINARY
         text columns (id, topic, key ...) come back as text."""
-        rendered = _sql.render(sql, self.names, quote="`")
-
-        async def run(conn: Conn) -> list[dict[str, Any]]:
-            return [text_row(row) for row in await fetch_all(conn, rendered, args)]
-
-        return await self.db.run(run)
+        async with self.db.connection() as conn:
+            rows = await fetch_all(conn, _sql.render(sql, self.names, quote="`"), args)
+        return [text_row(row) for row in rows]
 
 
 def from_url(

@@ -16,8 +16,8 @@ asyncmy error (MySQL code)                                 outboxer error
 =========================================================  =========================
 no connection: 2002, 2003, 2006, 2013, 1040, 1053, 1927;   ``StoreUnavailable``
 ``OSError``, ``TimeoutError``, a closed connection
-deadlock victim 1213, lock wait timeout 1205               retried 3 times, then
-                                                           ``StoreUnavailable``
+deadlock victim 1213, lock wait timeout 1205               ``StoreUnavailable`` (InnoDB
+                                                           rolled back: try again)
 unknown table 1146, unknown column 1054                    ``SchemaError``
 access denied 1044, 1045; unknown database 1049            ``ConfigurationError``
 a value the column refuses: 1366, 1406, 1264, 3140         ``ConfigurationError``
@@ -36,8 +36,8 @@ import contextlib
 import hashlib
 import logging
 from asyncio import CancelledError
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
 
 import asyncmy
 from asyncmy import errors as mysql_errors
@@ -45,13 +45,11 @@ from asyncmy.cursors import DictCursor
 
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError, SchemaError, StoreError, StoreUnavailable
-from outboxer.stores import _sql
 from outboxer.urls import Option, ParsedUrl, UrlSpec, parse
 
-__all__ = ["URL_SPEC", "Conn", "MysqlDatabase", "connect_options"]
+__all__ = ["URL_SPEC", "Conn", "MysqlDatabase", "MysqlPart", "connect_options"]
 
 log = logging.getLogger("outboxer.store.mysql")
-T = TypeVar("T")
 #: What operations receive: a connection borrowed from the pool.
 Conn = asyncmy.Connection
 
@@ -88,11 +86,10 @@ _SESSION = (
 )
 
 _UNAVAILABLE_CODES = frozenset({1040, 1053, 1927, 2002, 2003, 2006, 2013, 2055})
-_RETRIED_CODES = frozenset({1205, 1213})
+_LOCK_CODES = frozenset({1205, 1213})
 _SCHEMA_CODES = frozenset({1146, 1054})
 _CONFIG_CODES = frozenset({1044, 1045, 1049})
 _VALUE_CODES = frozenset({1264, 1366, 1406, 3140})
-_ATTEMPTS = 3
 
 
 def connect_options(url: ParsedUrl) -> dict[str, Any]:
@@ -122,8 +119,8 @@ def translate(exc: BaseException, names: TableNames) -> Exception | None:
     code = error_code(exc)
     if isinstance(exc, OSError | TimeoutError) or code in _UNAVAILABLE_CODES:
         return StoreUnavailable(f"MySQL unavailable: {exc}")
-    if code in _RETRIED_CODES:
-        return StoreUnavailable(f"MySQL: {exc} (retried {_ATTEMPTS} times)")
+    if code in _LOCK_CODES:
+        return StoreUnavailable(f"MySQL: {exc}")
     if code in _SCHEMA_CODES:
         return SchemaError(
             f"outbox table {names.qualified(quote='`')} is missing or outdated ({exc}): "
@@ -142,7 +139,7 @@ def translate(exc: BaseException, names: TableNames) -> Exception | None:
 
 
 class MysqlDatabase:
-    """A pool of prepared connections to one outbox's database, and its named queries.
+    """The pool of one store, and the one place its driver errors are translated.
 
     Args:
         url_or_pool: A ``mysql://`` or ``mariadb://`` URL (the store creates and closes its
@@ -158,7 +155,6 @@ class MysqlDatabase:
         max_connections: int | None = None,
     ) -> None:
         self.names = names
-        self.queries: Mapping[str, str] = _sql.queries("mysql", names, quote="`")
         self._options: dict[str, Any] | None = None
         self._max_connections = 10
         self._pool: asyncmy.Pool | None = None
@@ -178,18 +174,14 @@ class MysqlDatabase:
     async def open(self) -> None:
         if self._pool is not None:
             if not self.database:
-                self.database = await self.run(_current_database)
+                async with self.connection() as conn:
+                    self.database = str(await fetch_value(conn, "SELECT DATABASE()") or "")
             return
         assert self._options is not None
-        try:
+        with self.translated_errors():
             self._pool = await asyncmy.create_pool(
                 minsize=1, maxsize=self._max_connections, pool_recycle=3600, **self._options
             )
-        except BaseException as exc:
-            error = translate(exc, self.names)
-            if error is None:
-                raise
-            raise error from exc
 
     async def close(self) -> None:
         if self._owns_pool and self._pool is not None:
@@ -210,34 +202,63 @@ class MysqlDatabase:
         owner = f"{self.database}.{self.names.table}".encode()
         return f"outboxer:{purpose}:{hashlib.sha1(owner, usedforsecurity=False).hexdigest()}"
 
-    async def run(self, operation: Callable[[Conn], Awaitable[T]]) -> T:
-        """Run ``operation`` on a pooled connection, translating driver errors.
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Conn]:
+        """A pooled connection in autocommit (one statement, one round trip)."""
+        with self.translated_errors():
+            async with self.pool.acquire() as conn:
+                yield conn
 
-        A deadlock victim or a lock wait timeout is retried (InnoDB has rolled the transaction
-        back, so running it again is safe); every operation given here is written so.
+    @contextlib.asynccontextmanager
+    async def transaction(self, begin: str = "START TRANSACTION") -> AsyncIterator[Conn]:
+        """A pooled connection inside a transaction, committed when the block ends.
+
+        ``begin`` may set the transaction's isolation first (``SET TRANSACTION ...; START
+        TRANSACTION``): one round trip. On an error the transaction is rolled back; a
+        connection whose rollback fails is closed (and the pool discards a connection given
+        back inside a transaction).
         """
-        for attempt in range(1, _ATTEMPTS + 1):
+        async with self.connection() as conn:
+            await execute(conn, begin)
             try:
-                async with self.pool.acquire() as conn:
-                    return await operation(conn)
-            except BaseException as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling() and not isinstance(exc, CancelledError):
-                    # asyncmy closes a connection whose statement was cancelled, and a cleanup
-                    # statement on it then fails: the cancellation is what happened.
-                    raise CancelledError from exc
-                if error_code(exc) in _RETRIED_CODES and attempt < _ATTEMPTS:
-                    log.debug("retrying after %s", exc)
-                    continue
-                error = translate(exc, self.names)
-                if error is None:
-                    raise
-                raise error from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+                yield conn
+            except BaseException:
+                try:
+                    await execute(conn, "ROLLBACK")
+                except Exception:  # noqa: BLE001 - the first error is the one to report
+                    conn.close()
+                raise
+            await execute(conn, "COMMIT")
+
+    @contextlib.contextmanager
+    def translated_errors(self) -> Iterator[None]:
+        """Turn asyncmy's errors raised in the block into outboxer's (see the module table)."""
+        try:
+            yield
+        except BaseException as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling() and not isinstance(exc, CancelledError):
+                # asyncmy closes a connection whose statement was cancelled, and a cleanup
+                # statement on it then fails: the cancellation is what happened.
+                raise CancelledError from exc
+            error = translate(exc, self.names)
+            if error is None:
+                raise
+            raise error from exc
 
 
-async def _current_database(conn: Conn) -> str:
-    return str(await fetch_value(conn, "SELECT DATABASE()") or "")
+class MysqlPart:
+    """What each part of the store (relay, sweeper, dead letters, schema, inbox) works on.
+
+    Attributes:
+        db: The connection seam.
+        names: Table names.
+        q: The named queries of ``sql/queries.sql``, rendered for ``names``.
+    """
+
+    db: MysqlDatabase
+    names: TableNames
+    q: Mapping[str, str]
 
 
 async def execute(conn: Conn, sql: str, args: Mapping[str, Any] | None = None) -> int:
@@ -276,23 +297,3 @@ async def release_lock(conn: Conn, name: str) -> None:
     """``RELEASE_LOCK``, unless the connection is gone: a named lock dies with its connection."""
     with contextlib.suppress(mysql_errors.InterfaceError, mysql_errors.OperationalError):
         await fetch_value(conn, "SELECT RELEASE_LOCK(%(name)s)", {"name": name})
-
-
-@contextlib.asynccontextmanager
-async def transaction(conn: Conn, begin: str = "START TRANSACTION") -> AsyncIterator[Conn]:
-    """A transaction on an autocommit connection: committed at the end, rolled back on error.
-
-    ``begin`` may set the transaction's isolation first (``SET TRANSACTION ...; START
-    TRANSACTION``): one round trip. A connection whose rollback fails is closed, and the pool
-    discards a connection given back inside a transaction.
-    """
-    await execute(conn, begin)
-    try:
-        yield conn
-    except BaseException:
-        try:
-            await execute(conn, "ROLLBACK")
-        except Exception:  # noqa: BLE001 - the first error is the one to report
-            conn.close()
-        raise
-    await execute(conn, "COMMIT")

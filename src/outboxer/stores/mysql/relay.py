@@ -18,14 +18,7 @@ from typing import Any
 
 from outboxer.ports import Claim, RelayInfo, Settlement
 from outboxer.stores._common import message_from_row
-from outboxer.stores.mysql.connection import (
-    Conn,
-    MysqlDatabase,
-    execute,
-    fetch_all,
-    fetch_value,
-    transaction,
-)
+from outboxer.stores.mysql.connection import MysqlPart, execute, fetch_all, fetch_value
 
 __all__ = ["MysqlRelay", "keep_in_order", "text_row", "utc"]
 
@@ -60,7 +53,7 @@ def micros(seconds: float) -> int:
     return max(0, round(float(seconds) * 1_000_000))
 
 
-def keep_in_order(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def keep_in_order(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The candidates of an ordered claim that may be leased now.
 
     Unkeyed rows are always kept. A keyed row is kept when every earlier row of its key, seen
@@ -80,10 +73,9 @@ def keep_in_order(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return kept
 
 
-class MysqlRelay:
-    """The relay port (claim, settle, leases, doorbell, registry) over a MysqlDatabase."""
+class MysqlRelay(MysqlPart):
+    """The relay's port (:class:`~outboxer.ports.RelayStore`) on MySQL."""
 
-    db: MysqlDatabase
     _latest_seq: int | None = None
 
     async def claim_batch(
@@ -96,62 +88,50 @@ class MysqlRelay:
         hold_dead_keys: bool = False,
     ) -> Claim:
         token = int.from_bytes(os.urandom(8), "big") >> 1  # a positive BIGINT
-        q = self.db.queries
-
-        async def claim(conn: Conn) -> Sequence[Mapping[str, Any]]:
-            if ordered:
-                begin, select = _BEGIN_ORDERED, q["claim_ordered"]
-                args: dict[str, Any] = {"limit": limit, "hold": hold_dead_keys}
-            else:
-                begin, select, args = "START TRANSACTION", q["claim_unordered"], {"limit": limit}
-            async with transaction(conn, begin):
-                rows = await fetch_all(conn, select, args)
-                kept: Sequence[Mapping[str, Any]] = keep_in_order(rows) if ordered else rows
-                if kept:
-                    await execute(
-                        conn,
-                        q["claim_mark"],
-                        {
-                            "token": token,
-                            "relay": relay_id,
-                            "lease_us": micros(lease_seconds),
-                            "seqs": tuple(row["seq"] for row in kept),
-                        },
-                    )
-            return kept
-
-        rows = await self.db.run(claim)
-        messages = [message_from_row(text_row(row)) for row in sorted(rows, key=_seq)]
+        if ordered:
+            begin, select = _BEGIN_ORDERED, self.q["claim_ordered"]
+            args: dict[str, Any] = {"limit": limit, "hold": hold_dead_keys}
+        else:
+            begin, select, args = "START TRANSACTION", self.q["claim_unordered"], {"limit": limit}
+        async with self.db.transaction(begin) as conn:
+            rows = await fetch_all(conn, select, args)
+            kept = keep_in_order(rows) if ordered else rows
+            if kept:
+                await execute(
+                    conn,
+                    self.q["claim_mark"],
+                    {
+                        "token": token,
+                        "relay": relay_id,
+                        "lease_us": micros(lease_seconds),
+                        "seqs": tuple(row["seq"] for row in kept),
+                    },
+                )
+        messages = [message_from_row(text_row(row)) for row in sorted(kept, key=_seq)]
         return Claim(token=token, messages=messages)
 
     async def settle(self, claim: Claim, settlement: Settlement) -> None:
         token = claim.token
-        q = self.db.queries
         steps: list[tuple[str, dict[str, Any]]] = []
         if settlement.published:
-            steps.append((q["ack"], {"ids": tuple(settlement.published), "token": token}))
+            steps.append((self.q["ack"], {"ids": tuple(settlement.published), "token": token}))
         if settlement.retries:
             items = json.dumps([[r.id, r.delay, r.reason] for r in settlement.retries])
-            steps.append((q["retry"], {"items": items, "token": token}))
+            steps.append((self.q["retry"], {"items": items, "token": token}))
         if settlement.dead:
             reasons = json.dumps([[i, reason] for i, reason in settlement.dead])
             ids = tuple(i for i, _ in settlement.dead)
-            steps.append((q["dead_letter_copy"], {"items": reasons, "token": token}))
-            steps.append((q["dead_letter_delete"], {"ids": ids, "token": token}))
+            steps.append((self.q["dead_letter_copy"], {"items": reasons, "token": token}))
+            steps.append((self.q["dead_letter_delete"], {"ids": ids, "token": token}))
         if settlement.released:
-            steps.append((q["release"], {"ids": tuple(settlement.released), "token": token}))
-        if not steps:
-            return
-
-        async def apply(conn: Conn) -> None:
-            if len(steps) == 1:  # the common case: one statement, one round trip
+            steps.append((self.q["release"], {"ids": tuple(settlement.released), "token": token}))
+        if len(steps) == 1:  # the common case: one statement, one round trip
+            async with self.db.connection() as conn:
                 await execute(conn, *steps[0])
-                return
-            async with transaction(conn):
+        elif steps:
+            async with self.db.transaction() as conn:
                 for sql, args in steps:
                     await execute(conn, sql, args)
-
-        await self.db.run(apply)
 
     async def extend_lease(self, claim: Claim, lease_seconds: float) -> int:
         if not claim.messages:
@@ -161,23 +141,15 @@ class MysqlRelay:
             "token": claim.token,
             "lease_us": micros(lease_seconds),
         }
-
-        async def extend(conn: Conn) -> int:
-            return await execute(conn, self.db.queries["extend_lease"], args)
-
-        return await self.db.run(extend)
+        async with self.db.connection() as conn:
+            return await execute(conn, self.q["extend_lease"], args)
 
     async def release_expired_leases(self) -> int:
-        q = self.db.queries
-
-        async def release(conn: Conn) -> int:
-            async with transaction(conn):
-                released = await execute(conn, q["release_expired"])
-                if released:
-                    await execute(conn, q["count_released"], {"count": released})
-            return released
-
-        return await self.db.run(release)
+        async with self.db.transaction() as conn:
+            released = await execute(conn, self.q["release_expired"])
+            if released:
+                await execute(conn, self.q["count_released"], {"count": released})
+        return released
 
     async def wait_for_messages(self, timeout: float) -> bool:
         """Poll the newest row's seq (an index dive) every 20 ms until it changes.
@@ -187,13 +159,9 @@ class MysqlRelay:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        query = self.db.queries["latest_seq"]
-
-        async def latest(conn: Conn) -> int:
-            return int(await fetch_value(conn, query) or 0)
-
         while True:
-            seq = await self.db.run(latest)
+            async with self.db.connection() as conn:
+                seq = int(await fetch_value(conn, self.q["latest_seq"]) or 0)
             previous, self._latest_seq = self._latest_seq, seq
             if previous is not None and seq != previous:
                 return True
@@ -209,20 +177,12 @@ class MysqlRelay:
             "pid": relay.pid,
             "started_at": utc(relay.started_at),
         }
-        query = self.db.queries["heartbeat"]
-
-        async def beat(conn: Conn) -> None:
-            await execute(conn, query, args)
-
-        await self.db.run(beat)
+        async with self.db.connection() as conn:
+            await execute(conn, self.q["heartbeat"], args)
 
     async def unregister(self, relay_id: str) -> None:
-        query = self.db.queries["unregister"]
-
-        async def remove(conn: Conn) -> None:
-            await execute(conn, query, {"relay_id": relay_id})
-
-        await self.db.run(remove)
+        async with self.db.connection() as conn:
+            await execute(conn, self.q["unregister"], {"relay_id": relay_id})
 
 
 def _seq(row: Mapping[str, Any]) -> int:

@@ -10,31 +10,26 @@ from __future__ import annotations
 
 from outboxer.errors import SchemaError
 from outboxer.stores import _sql
+from outboxer.stores._common import check_schema_version
 from outboxer.stores.mysql.connection import (
     Conn,
-    MysqlDatabase,
+    MysqlPart,
     execute,
     fetch_value,
     release_lock,
 )
 
-__all__ = ["MysqlSchema", "latest_version"]
+__all__ = ["MysqlSchema"]
 
 #: How long ``migrate`` waits for a concurrent upgrade to finish.
 _UPGRADE_LOCK_SECONDS = 300
 
 
-def latest_version() -> int:
-    return _sql.migrations("mysql")[-1].version
-
-
-class MysqlSchema:
-    """``migrate``, ``schema_version`` and ``check_schema`` over a :class:`MysqlDatabase`."""
-
-    db: MysqlDatabase
+class MysqlSchema(MysqlPart):
+    """Schema management (:class:`~outboxer.ports.SchemaStore`) on MySQL."""
 
     def _render(self, sql: str) -> str:
-        return _sql.render(sql, self.db.names, quote="`")
+        return _sql.render(sql, self.names, quote="`")
 
     async def migrate(self, target: int | None = None) -> list[int]:
         """Create or upgrade the schema; returns the versions applied (empty when current).
@@ -42,8 +37,7 @@ class MysqlSchema:
         ``target`` stops at that version (tests of the upgrade path).
         """
         lock = self.db.lock_name("upgrade")
-
-        async def upgrade(conn: Conn) -> list[int]:
+        async with self.db.connection() as conn:
             if not await fetch_value(
                 conn,
                 "SELECT GET_LOCK(%(lock)s, %(wait)s)",
@@ -55,10 +49,8 @@ class MysqlSchema:
             finally:
                 await release_lock(conn, lock)
 
-        return await self.db.run(upgrade)
-
     async def _upgrade(self, conn: Conn, target: int | None) -> list[int]:
-        schema = self.db.names.schema
+        schema = self.names.schema
         version_table = self._render("{schema_version}")
         # Only what is missing is created: an "IF NOT EXISTS" that finds the object leaves a
         # server warning, which the driver fetches and logs.
@@ -90,7 +82,7 @@ class MysqlSchema:
         return applied
 
     async def _version_table_exists(self, conn: Conn) -> bool:
-        names = self.db.names
+        names = self.names
         return bool(
             await fetch_value(
                 conn,
@@ -103,25 +95,13 @@ class MysqlSchema:
     async def schema_version(self) -> int:
         """The installed schema version, 0 when outboxer's tables do not exist."""
 
-        async def read(conn: Conn) -> int:
+        async with self.db.connection() as conn:
             if not await self._version_table_exists(conn):
                 return 0
             query = self._render("SELECT MAX(version) FROM {schema_version}")
             return int(await fetch_value(conn, query) or 0)
 
-        return await self.db.run(read)
-
     async def check_schema(self) -> None:
         """Raise ``SchemaError`` unless the schema is exactly at this version of outboxer."""
-        latest = latest_version()
-        current = await self.schema_version()
-        if current == 0:
-            raise SchemaError(
-                f"outbox table {self.db.names.qualified(quote='`')} is missing: "
-                "run 'outboxer db upgrade'"
-            )
-        if current != latest:
-            raise SchemaError(
-                f"outbox schema is at version {current}, this outboxer expects {latest}: "
-                "run 'outboxer db upgrade' (or upgrade outboxer)"
-            )
+        latest = _sql.migrations("mysql")[-1].version
+        check_schema_version(await self.schema_version(), latest, self.names.qualified(quote="`"))

@@ -257,3 +257,144 @@ SELECT m.* FROM (
 WHERE (%(state)s IS NULL OR m.state = %(state)s)
 ORDER BY m.seq
 LIMIT %(limit)s
+
+-- ---------------------------------------------------------------------------------------------
+-- Inbox (consumers). See docs/inbox.md, 0003_inbox.sql and postgres/sql/queries.sql, whose
+-- queries of the same names these follow.
+
+-- name: inbox_receive
+-- The first statements of a delivery's transaction, in one round trip. Whether an earlier
+-- message of the same key is still failing for this consumer is decided once, into a session
+-- variable, so the inbox row and the answer agree (a blocked message's row gets no expiry).
+-- The row is inserted unless (consumer, id) is there already: then ROW_COUNT() is 0 and the
+-- delivery is a duplicate. A concurrent transaction inserting the same pair makes this one wait
+-- for its outcome (InnoDB's duplicate-key check): duplicates never run side by side.
+SET @outboxer_blocked = (%(key)s IS NOT NULL AND EXISTS (
+        SELECT 1 FROM {inbox_failures} f
+        WHERE f.consumer = %(consumer)s AND f.`key` = %(key)s AND f.state = 'retrying'));
+INSERT INTO {inbox} (consumer, message_id, expires_at)
+VALUES (%(consumer)s, %(id)s,
+        IF(@outboxer_blocked, NULL, UTC_TIMESTAMP(6) + INTERVAL %(retention_us)s MICROSECOND))
+ON DUPLICATE KEY UPDATE consumer = consumer;
+SELECT ROW_COUNT() = 1 AS fresh, @outboxer_blocked AS blocked
+
+-- name: inbox_failure_insert
+-- A failed first delivery ('retrying' after retry_us, or 'dead'), or a message waiting behind
+-- its key (attempts 0, due at once: it runs as soon as it is the key's earliest).
+INSERT INTO {inbox_failures} (consumer, message_id, topic, `key`, type, payload, content_type,
+                              headers, created_at, attempts, next_attempt_at, last_error, state)
+VALUES (%(consumer)s, %(id)s, %(topic)s, %(key)s, %(type)s, %(payload)s, %(content_type)s,
+        %(headers)s, %(created_at)s, %(attempts)s,
+        UTC_TIMESTAMP(6) + INTERVAL %(retry_us)s MICROSECOND, %(reason)s, %(state)s)
+ON DUPLICATE KEY UPDATE consumer = consumer
+
+-- name: inbox_set_retrying
+-- The message now has a failure row: keep its inbox row until it is handled or given up.
+UPDATE {inbox} SET expires_at = NULL WHERE consumer = %(consumer)s AND message_id = %(id)s
+
+-- name: inbox_insert_again
+-- After a rollback to the message's savepoint (one transaction for a whole batch): the inbox
+-- row again, expiring after retention_us, or never (NULL) while a retry is pending. Nothing
+-- when the row exists (ROW_COUNT() 0): another instance has handled the message meanwhile.
+INSERT INTO {inbox} (consumer, message_id, expires_at)
+VALUES (%(consumer)s, %(id)s,
+        UTC_TIMESTAMP(6) + INTERVAL %(retention_us)s MICROSECOND)
+ON DUPLICATE KEY UPDATE consumer = consumer
+
+-- name: inbox_set_done
+-- Handled or given up: the row stays for the retention window, then the sweep purges it.
+INSERT INTO {inbox} (consumer, message_id, expires_at)
+VALUES (%(consumer)s, %(id)s, UTC_TIMESTAMP(6) + INTERVAL %(retention_us)s MICROSECOND)
+ON DUPLICATE KEY UPDATE expires_at = UTC_TIMESTAMP(6) + INTERVAL %(retention_us)s MICROSECOND
+
+-- name: inbox_dead_letter
+-- A consumption that failed for good, in the dead-letter table every operator tool reads. The
+-- dead letter's id is the message id; when a second consumer gives up on the same message the
+-- existing consume dead letter is updated (a publish dead letter of the id is left alone).
+INSERT INTO {dead_letters} (id, topic, `key`, type, payload, content_type, headers, created_at,
+                            failure_reason, attempts, direction)
+VALUES (%(id)s, %(topic)s, %(key)s, %(type)s, %(payload)s, %(content_type)s, %(headers)s,
+        %(created_at)s, %(reason)s, %(attempts)s, 'consume')
+ON DUPLICATE KEY UPDATE
+    failure_reason = IF(direction = 'consume', %(reason)s, failure_reason),
+    dead_lettered_at = IF(direction = 'consume', UTC_TIMESTAMP(6), dead_lettered_at),
+    attempts = IF(direction = 'consume', GREATEST(attempts, %(attempts)s), attempts)
+
+-- name: inbox_due
+-- Due failures of one consumer, soonest first; of each key only its earliest failure (the
+-- others wait behind it, in arrival order).
+SELECT f.message_id FROM {inbox_failures} f
+WHERE f.consumer = %(consumer)s AND f.state = 'retrying'
+  AND f.next_attempt_at <= UTC_TIMESTAMP(6)
+  AND (f.`key` IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {inbox_failures} h
+        WHERE h.consumer = f.consumer AND h.`key` = f.`key` AND h.state = 'retrying'
+          AND h.seq < f.seq))
+ORDER BY f.next_attempt_at, f.seq
+LIMIT %(limit)s
+
+-- name: inbox_failure_lock
+-- Take one due failure for a re-drive, in the re-drive's transaction. SKIP LOCKED: another
+-- instance of the same consumer re-driving it right now keeps it. (Whether the inbox says the
+-- message was handled meanwhile is asked next, by inbox_handled: a locking read's subqueries
+-- are not the place for it.)
+SELECT f.seq, f.message_id AS id, f.topic, f.`key`, f.type, f.payload, f.content_type,
+       f.headers, f.created_at, f.created_at AS available_at, 0 AS attempts,
+       f.attempts AS consume_attempts
+FROM {inbox_failures} f
+WHERE f.consumer = %(consumer)s AND f.message_id = %(id)s AND f.state = 'retrying'
+  AND f.next_attempt_at <= UTC_TIMESTAMP(6)
+FOR UPDATE SKIP LOCKED
+
+-- name: inbox_handled
+-- A replayed dead letter whose message the broker delivered again after the inbox row expired.
+SELECT EXISTS (SELECT 1 FROM {inbox} i
+               WHERE i.consumer = %(consumer)s AND i.message_id = %(id)s
+                 AND i.expires_at IS NOT NULL) AS handled
+
+-- name: inbox_failure_delete
+DELETE FROM {inbox_failures} WHERE seq = %(seq)s
+
+-- name: inbox_failure_retry
+UPDATE {inbox_failures}
+SET attempts = %(attempts)s, last_error = %(reason)s,
+    next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL %(retry_us)s MICROSECOND
+WHERE seq = %(seq)s
+
+-- name: inbox_failure_dead
+UPDATE {inbox_failures}
+SET attempts = %(attempts)s, last_error = %(reason)s, state = 'dead',
+    next_attempt_at = UTC_TIMESTAMP(6)
+WHERE seq = %(seq)s
+
+-- name: inbox_count_retries
+UPDATE {sweeps} SET consume_retried_since_sweep = consume_retried_since_sweep + %(count)s
+WHERE name = 'default'
+
+-- name: replay_consume_dead_letters
+-- Replaying consume dead letters (ids) re-drives each message to the consumer(s) that gave up
+-- on it: their failure rows become due again with attempts reset, and their inbox rows get no
+-- expiry while they wait (see inbox_set_retrying). The message is not published again, so
+-- other consumers of the topic see nothing. The store deletes the dead letters after this.
+UPDATE {inbox_failures} f
+LEFT JOIN {inbox} i ON i.consumer = f.consumer AND i.message_id = f.message_id
+SET f.state = 'retrying', f.attempts = 0, f.next_attempt_at = UTC_TIMESTAMP(6),
+    f.last_error = CONCAT('replayed: ', COALESCE(f.last_error, '')),
+    i.expires_at = NULL
+WHERE f.message_id IN %(ids)s AND f.state = 'dead'
+
+-- name: inbox_purge
+-- Inbox rows past their retention, a batch at a time (the sweep repeats it).
+DELETE FROM {inbox}
+WHERE expires_at < UTC_TIMESTAMP(6)
+ORDER BY expires_at
+LIMIT %(batch)s
+
+-- name: inbox_forget_dead
+-- Failure rows of consume dead letters that were purged (by an operator or the retention):
+-- nothing can replay them any more.
+DELETE FROM {inbox_failures}
+WHERE state = 'dead' AND NOT EXISTS (
+    SELECT 1 FROM {dead_letters} d
+    WHERE d.id = {inbox_failures}.message_id AND d.direction = 'consume')
+LIMIT %(batch)s

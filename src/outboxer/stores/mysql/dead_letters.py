@@ -1,0 +1,110 @@
+"""What operators ask of MySQL: figures and dead letters (CLI, admin API).
+
+MySQL has no ``DELETE ... RETURNING``: a replay or purge first locks the dead letters it acts on
+(``select_dead_letters``), then moves or deletes exactly those rows by ``dl_seq`` in the same
+transaction, so a dead letter written meanwhile is neither lost nor half-moved. Publish and
+consume dead letters are replayed in that one transaction: a replay is all or nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from outboxer.ports import DeadLetterFilter, DeadLetterPage, OutboxStats, RelayInfo
+from outboxer.stores._common import (
+    DeadLetterLookup,
+    check_limit,
+    dead_letter_page,
+    parse_cursor,
+    sweep_report,
+    to_datetime,
+)
+from outboxer.stores.mysql.connection import MysqlPart, execute, fetch_all, fetch_one
+from outboxer.stores.mysql.relay import micros, text_row
+
+__all__ = ["MysqlDeadLetters"]
+
+
+def filter_args(flt: DeadLetterFilter) -> dict[str, Any]:
+    """Query parameters of a dead-letter filter (an empty ``ids`` list matches nothing)."""
+    ids = tuple(flt.ids) if flt.ids is not None else ()
+    return {
+        "topic": flt.topic,
+        "type": flt.type,
+        "key": flt.key,
+        "by_id": flt.ids is not None,
+        # "IN ()" is not SQL: with no ids, a value no id can equal (ids are non-empty)
+        "ids": ids or ("",),
+    }
+
+
+class MysqlDeadLetters(MysqlPart, DeadLetterLookup):
+    """The operators' port (:class:`~outboxer.ports.AdminStore`) on MySQL."""
+
+    async def stats(self, *, live_seconds: float = 15.0) -> OutboxStats:
+        live = {"live_us": micros(live_seconds)}
+        async with self.db.connection() as conn:
+            row = await fetch_one(conn, self.q["stats"], live)
+            assert row is not None  # a SELECT of expressions always returns a row
+            relays = await fetch_all(conn, self.q["live_relays"], live)
+            sweep = await fetch_one(conn, self.q["last_sweep"])
+        age = row["oldest_age"]
+        return OutboxStats(
+            pending=int(row["pending"]),
+            in_flight=int(row["in_flight"]),
+            dead_letters=int(row["dead_letters"]),
+            oldest_pending_age_seconds=float(age) if age is not None else None,
+            relays=[_relay(r) for r in relays],
+            last_sweep=sweep_report(sweep) if sweep is not None else None,
+            unowned_in_flight=int(row["unowned"]),
+        )
+
+    async def list_dead_letters(
+        self, flt: DeadLetterFilter, *, limit: int, cursor: str | None
+    ) -> DeadLetterPage:
+        limit = check_limit(limit)
+        args = {**filter_args(flt), "after": parse_cursor(cursor), "limit": limit + 1}
+        async with self.db.connection() as conn:
+            rows = await fetch_all(conn, self.q["list_dead_letters"], args)
+        return dead_letter_page([text_row(r) for r in rows], limit)
+
+    async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
+        """Publish dead letters go back to the outbox; consume dead letters are re-driven to
+        the consumers that gave up on them (see docs/inbox.md)."""
+        async with self.db.transaction() as conn:
+            rows = await fetch_all(conn, self.q["select_dead_letters"], filter_args(flt))
+            publish = tuple(r["dl_seq"] for r in rows if r["direction"] == "publish")
+            moved: list[dict[str, Any]] = []
+            if publish:
+                moved = await fetch_all(conn, self.q["replayable_dead_letters"], {"seqs": publish})
+            consume = [r for r in rows if r["direction"] == "consume"]
+            if consume:  # their failure rows become due again (see replay_consume_dead_letters)
+                ids = tuple(r["id"] for r in consume)
+                await execute(conn, self.q["replay_consume_dead_letters"], {"ids": ids})
+            if moved:
+                seqs = tuple(r["dl_seq"] for r in moved)
+                await execute(conn, self.q["replay_dead_letters"], {"seqs": seqs})
+            if moved or consume:
+                seqs = tuple(r["dl_seq"] for r in [*moved, *consume])
+                await execute(conn, self.q["delete_dead_letters"], {"seqs": seqs})
+        return [text_row(r)["id"] for r in moved] + [text_row(r)["id"] for r in consume]
+
+    async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
+        async with self.db.transaction() as conn:
+            rows = await fetch_all(conn, self.q["select_dead_letters"], filter_args(flt))
+            if rows:
+                seqs = tuple(r["dl_seq"] for r in rows)
+                await execute(conn, self.q["delete_dead_letters"], {"seqs": seqs})
+        return [text_row(r)["id"] for r in rows]
+
+
+def _relay(row: Mapping[str, Any]) -> RelayInfo:
+    return RelayInfo(
+        relay_id=row["relay_id"],
+        hostname=row["hostname"],
+        pid=int(row["pid"]),
+        started_at=to_datetime(row["started_at"]),
+        heartbeat_at=to_datetime(row["heartbeat_at"]),
+        in_flight=int(row["in_flight"]),
+    )
