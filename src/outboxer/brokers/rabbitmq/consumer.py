@@ -41,6 +41,7 @@ import pika  # type: ignore[import-untyped]
 import pika.exceptions  # type: ignore[import-untyped]
 from pika.adapters.asyncio_connection import AsyncioConnection  # type: ignore[import-untyped]
 
+from outboxer.brokers.rabbitmq._pika import describe, resolve
 from outboxer.brokers.rabbitmq.settings import RabbitMQConsumerSettings
 from outboxer.brokers.rabbitmq.wire import decode
 from outboxer.errors import BrokerUnavailable
@@ -52,19 +53,6 @@ __all__ = ["RabbitMQConsumer"]
 log = logging.getLogger("outboxer.consumer.rabbitmq")
 
 _CLOSE_GRACE = 2.0
-
-
-def _describe(exc: BaseException | None) -> str:
-    if exc is None:
-        return "closed"
-    if isinstance(
-        exc, pika.exceptions.ChannelClosedByBroker | pika.exceptions.ConnectionClosedByBroker
-    ):
-        return f"RabbitMQ said {exc.reply_code} {exc.reply_text}"
-    if exc.args and isinstance(exc.args[0], BaseException):  # pika wraps the real cause
-        return _describe(exc.args[0])
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,15 +87,15 @@ class _Link:
         self._step = opened
         self.connection = AsyncioConnection(
             settings.connection.connection_parameters(),
-            on_open_callback=lambda conn: _resolve(opened, conn),
-            on_open_error_callback=lambda conn, exc: self._fail(_describe(exc)),
-            on_close_callback=lambda conn, exc: self._fail(f"connection closed: {_describe(exc)}"),
+            on_open_callback=lambda conn: resolve(opened, conn),
+            on_open_error_callback=lambda conn, exc: self._fail(describe(exc)),
+            on_close_callback=lambda conn, exc: self._fail(f"connection closed: {describe(exc)}"),
             custom_ioloop=self.loop,
         )
         await opened
         channel = await self._rpc(lambda done: self.connection.channel(on_open_callback=done))
         channel.add_on_close_callback(
-            lambda ch, exc: self._fail(f"channel closed: {_describe(exc)}")
+            lambda ch, exc: self._fail(f"channel closed: {describe(exc)}")
         )
         await self._rpc(
             lambda done: channel.basic_qos(prefetch_count=settings.window, callback=done)
@@ -141,7 +129,7 @@ class _Link:
             raise BrokerUnavailable(f"{self.settings.connection.safe_url()}: {self.failure}")
         step: asyncio.Future[Any] = self.loop.create_future()
         self._step = step
-        start(lambda result: _resolve(step, result))
+        start(lambda result: resolve(step, result))
         return await step
 
     def _on_message(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
@@ -157,7 +145,7 @@ class _Link:
                 BrokerUnavailable(f"{self.settings.connection.safe_url()}: {reason}")
             )
         self.channel = None
-        _resolve(self.lost, None)
+        resolve(self.lost, None)
         if self.connection is not None and not (
             self.connection.is_closing or self.connection.is_closed
         ):
@@ -206,11 +194,6 @@ class _Link:
                 connection.close()  # unacknowledged deliveries go back to the queue
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self.lost), _CLOSE_GRACE)
-
-
-def _resolve(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
 
 
 class RabbitMQConsumer:

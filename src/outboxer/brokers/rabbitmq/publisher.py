@@ -103,9 +103,9 @@ import pika.exceptions  # type: ignore[import-untyped]
 import pika.frame  # type: ignore[import-untyped]
 import pika.spec  # type: ignore[import-untyped]
 from pika.adapters.asyncio_connection import AsyncioConnection  # type: ignore[import-untyped]
-from pika.adapters.utils import connection_workflow  # type: ignore[import-untyped]
 
 from outboxer.brokers.rabbitmq import wire
+from outboxer.brokers.rabbitmq._pika import describe, resolve
 from outboxer.brokers.rabbitmq.settings import RabbitMQSettings
 from outboxer.errors import (
     BrokerUnavailable,
@@ -122,31 +122,6 @@ log = logging.getLogger(__name__)
 _FLUSH_BYTES = 1 << 20  # write queued frames at least every MiB (large payloads)
 _CLOSE_GRACE = 2.0  # seconds for pika's closing handshake before the socket is just dropped
 _SHORTSTR_MAX = 255  # AMQP short strings (routing key, property strings, table keys)
-
-
-def _describe(exc: BaseException | None) -> str:
-    """A short reason from a pika exception (pika never puts the password in them)."""
-    if exc is None:
-        return "closed"
-    if isinstance(exc, connection_workflow.AMQPConnectionWorkflowFailed) and exc.exceptions:
-        return _describe(exc.exceptions[-1])
-    if isinstance(exc, connection_workflow.AMQPConnectorPhaseErrorBase):
-        return _describe(exc.exception)
-    if isinstance(exc, connection_workflow.AMQPConnectorStackTimeout):
-        return "connect timed out"
-    if isinstance(
-        exc, pika.exceptions.ChannelClosedByBroker | pika.exceptions.ConnectionClosedByBroker
-    ):
-        return f"RabbitMQ said {exc.reply_code} {exc.reply_text}"
-    if isinstance(exc, pika.exceptions.ProbableAuthenticationError):
-        return "login refused (wrong user or password)"
-    if isinstance(exc, pika.exceptions.ProbableAccessDeniedError):
-        return "access refused (vhost missing or not permitted for this user)"
-    if exc.args and isinstance(exc.args[0], BaseException):  # pika wraps the real cause
-        return _describe(exc.args[0])
-    name = type(exc).__name__
-    text = str(exc)
-    return f"{name}: {text}" if text else name
 
 
 # What pika raises while marshalling a message, before it writes anything: message-specific.
@@ -244,7 +219,7 @@ class _Link:
         self._step = opened
         self.connection = AsyncioConnection(
             parameters,
-            on_open_callback=lambda conn: _resolve(opened, conn),
+            on_open_callback=lambda conn: resolve(opened, conn),
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_connection_closed,
             custom_ioloop=self.loop,
@@ -275,12 +250,12 @@ class _Link:
             raise BrokerUnavailable(f"{self.settings.safe_url()}: {self.failure}")
         step: asyncio.Future[Any] = self.loop.create_future()
         self._step = step
-        start(lambda result: _resolve(step, result))
+        start(lambda result: resolve(step, result))
         return await step
 
     def _on_open_error(self, connection: Any, exc: BaseException | None) -> None:
-        self._fail(_describe(exc))
-        _resolve(self.gone, None)
+        self._fail(describe(exc))
+        resolve(self.gone, None)
 
     # -- publishing ------------------------------------------------------------------------
 
@@ -343,7 +318,7 @@ class _Link:
         try:
             self._write([data])
         except (AttributeError, pika.exceptions.AMQPError) as exc:  # transport already gone
-            self.abandon(f"write failed: {_describe(exc)}")
+            self.abandon(f"write failed: {describe(exc)}")
 
     async def wait_for_room(self) -> None:
         while self.failure is None and len(self.unconfirmed) >= self.settings.max_unconfirmed:
@@ -418,15 +393,15 @@ class _Link:
     def _on_channel_closed(self, channel: Any, exc: BaseException) -> None:
         # Called first when the whole connection goes, with the connection's reason.
         if isinstance(exc, pika.exceptions.ChannelClosed):
-            self._fail(f"channel closed: {_describe(exc)}")
+            self._fail(f"channel closed: {describe(exc)}")
         else:
-            self._fail(f"connection lost: {_describe(exc)}")
+            self._fail(f"connection lost: {describe(exc)}")
         # One channel per connection: without it the connection is useless, drop it too.
         self.close_connection()
 
     def _on_connection_closed(self, connection: Any, exc: BaseException) -> None:
-        self._fail(f"connection closed: {_describe(exc)}")
-        _resolve(self.gone, None)
+        self._fail(f"connection closed: {describe(exc)}")
+        resolve(self.gone, None)
 
     # -- failing and closing ---------------------------------------------------------------
 
@@ -460,7 +435,7 @@ class _Link:
         """Start pika's graceful close (channel, then connection); ``gone`` resolves after."""
         connection = self.connection
         if connection is None:
-            _resolve(self.gone, None)
+            resolve(self.gone, None)
             return
         if connection.is_closing or connection.is_closed:
             return
@@ -472,7 +447,7 @@ class _Link:
         """Drop the socket at once; pika then reports the connection closed (``gone``)."""
         connection = self.connection
         if connection is None:
-            _resolve(self.gone, None)
+            resolve(self.gone, None)
             return
         if connection.is_closed:
             return
@@ -496,11 +471,6 @@ class _Link:
             self.abort_connection()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self.gone), 1.0)
-
-
-def _resolve(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
 
 
 class RabbitMQPublisher:
@@ -589,7 +559,7 @@ class RabbitMQPublisher:
                 raise
             except Exception as exc:  # anything else pika raises while connecting
                 await asyncio.shield(link.close(_CLOSE_GRACE))
-                raise BrokerUnavailable(f"{settings.safe_url()}: {_describe(exc)}") from exc
+                raise BrokerUnavailable(f"{settings.safe_url()}: {describe(exc)}") from exc
             except BaseException:  # cancelled (the publisher is closing)
                 await asyncio.shield(link.close(_CLOSE_GRACE))
                 raise
@@ -651,10 +621,10 @@ class RabbitMQPublisher:
                         link.publish(message, batch, index)
                     except _UNENCODABLE as exc:  # raised while marshalling: nothing was sent
                         results[index] = PermanentPublishError(
-                            f"cannot encode as AMQP: {_describe(exc)}"
+                            f"cannot encode as AMQP: {describe(exc)}"
                         )
                     except pika.exceptions.AMQPError as exc:  # channel closed under us
-                        link.abandon(f"publish failed: {_describe(exc)}")
+                        link.abandon(f"publish failed: {describe(exc)}")
                         break
                 link.flush()
                 batch.seal()
