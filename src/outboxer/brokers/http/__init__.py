@@ -3,7 +3,7 @@
 from outboxer.brokers.http.publisher import HttpPublisher
 from outboxer.brokers.http.settings import HttpSettings
 
-__all__ = ["HttpPublisher", "HttpSettings", "publisher_from_url"]
+__all__ = ["HttpPublisher", "HttpSettings"]
 
-#: Used by :func:`outboxer.brokers.publisher_from_url` (which passes ``secret=``).
+# What outboxer.brokers loads by URL scheme.
 publisher_from_url = HttpPublisher.from_url

@@ -2,7 +2,7 @@
 
 from outboxer.brokers.inprocess.publisher import InProcessPublisher
 
-__all__ = ["InProcessPublisher", "publisher_from_url"]
+__all__ = ["InProcessPublisher"]
 
-#: Used by :func:`outboxer.brokers.publisher_from_url`.
+# What outboxer.brokers loads by URL scheme.
 publisher_from_url = InProcessPublisher.from_url

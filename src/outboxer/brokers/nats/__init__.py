@@ -6,19 +6,11 @@ from outboxer.brokers.nats.consumer import NatsConsumer
 from outboxer.brokers.nats.publisher import NatsPublisher
 from outboxer.brokers.nats.settings import NatsConsumerSettings, NatsSettings
 
-__all__ = [
-    "NatsConsumer",
-    "NatsConsumerSettings",
-    "NatsPublisher",
-    "NatsSettings",
-    "consumer_from_url",
-    "publisher_from_url",
-]
+__all__ = ["NatsConsumer", "NatsConsumerSettings", "NatsPublisher", "NatsSettings"]
 
-#: Used by :func:`outboxer.brokers.publisher_from_url`.
+# What outboxer.brokers loads by URL scheme.
 publisher_from_url = NatsPublisher.from_url
 
 
 def consumer_from_url(url: str, **options: Any) -> NatsConsumer:
-    """Used by :func:`outboxer.brokers.consumer_from_url` (``name``, ``topics``, ``batch_size``)."""
     return NatsConsumer(NatsConsumerSettings.from_url(url, **options))

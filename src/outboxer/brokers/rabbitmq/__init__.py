@@ -6,19 +6,11 @@ from outboxer.brokers.rabbitmq.consumer import RabbitMQConsumer
 from outboxer.brokers.rabbitmq.publisher import RabbitMQPublisher
 from outboxer.brokers.rabbitmq.settings import RabbitMQConsumerSettings, RabbitMQSettings
 
-__all__ = [
-    "RabbitMQConsumer",
-    "RabbitMQConsumerSettings",
-    "RabbitMQPublisher",
-    "RabbitMQSettings",
-    "consumer_from_url",
-    "publisher_from_url",
-]
+__all__ = ["RabbitMQConsumer", "RabbitMQConsumerSettings", "RabbitMQPublisher", "RabbitMQSettings"]
 
-#: Used by :func:`outboxer.brokers.publisher_from_url`.
+# What outboxer.brokers loads by URL scheme.
 publisher_from_url = RabbitMQPublisher.from_url
 
 
 def consumer_from_url(url: str, **options: Any) -> RabbitMQConsumer:
-    """Used by :func:`outboxer.brokers.consumer_from_url` (``name``, ``topics``, ``batch_size``)."""
     return RabbitMQConsumer(RabbitMQConsumerSettings.from_url(url, **options))
