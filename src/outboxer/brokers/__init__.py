@@ -2,7 +2,7 @@
 
 ``publisher_from_url`` and ``consumer_from_url`` pick the package by the URL's scheme through
 the scheme registry (:mod:`outboxer.urls`) and import it only then, so the core never imports a
-broker client it does not use. Every broker package exports ``publisher_from_url(url)`` and,
+broker client it does not use. Every broker package has ``publisher_from_url(url)`` and,
 when the broker can be consumed from, ``consumer_from_url(url, *, name, topics, batch_size)``.
 The packages never import each other; what they share (CloudEvents attribute names and time
 format) is in :mod:`outboxer.brokers.cloudevents`.
