@@ -1,0 +1,258 @@
+"""The relay on a real MariaDB: scale-out, order, doorbell, poison, leases, the sweeper."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import Any
+
+import outboxer
+from outboxer.config import Backoff, RelaySettings, TableNames
+from outboxer.errors import RetryablePublishError
+from outboxer.message import Message
+from outboxer.ports import Settlement
+from outboxer.relay import Relay
+from outboxer.stores.mysql import MysqlStore
+from outboxer.testing import RecordingPublisher
+from tests.conftest import mysql_connect
+
+QUICK = RelaySettings(
+    batch_size=500,
+    poll_interval=0.2,
+    retry=Backoff(base=0.05, factor=2, cap=0.1),
+    heartbeat_interval=1,
+)
+
+
+async def fill(database: str, count: int, keys: int | None = None) -> list[str]:
+    """Commit ``count`` messages in write order (key = n % keys), through the asyncmy writer."""
+    conn = await mysql_connect(database)
+    try:
+        await conn.begin()
+        ids = await outboxer.Outbox(schema=database).enqueue_many_async(
+            conn,
+            [
+                {"topic": "orders", "payload": {"n": n}, "key": (n % keys) if keys else None}
+                for n in range(count)
+            ],
+        )
+        await conn.commit()
+    finally:
+        conn.close()
+    return ids
+
+
+async def run_relays(
+    url: str, database: str, publisher: Any, count: int, settings: RelaySettings
+) -> list[Any]:
+    stores = [MysqlStore(url, TableNames(schema=database)) for _ in range(count)]
+    for store in stores:
+        await store.open()
+    try:
+        relays = [Relay(store, publisher, settings) for store in stores]
+        return await asyncio.gather(*(relay.drain(timeout=120) for relay in relays))
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_three_relays_share_20000_messages_without_loss_or_duplicates(
+    mysql_store: MysqlStore, mysql_url: str, mysql_database: str
+) -> None:
+    ids = await fill(mysql_database, 20_000)
+    publisher = RecordingPublisher()
+    settings = RelaySettings(batch_size=200, ordered=False, poll_interval=0.2)
+    counters = await run_relays(mysql_url, mysql_database, publisher, 3, settings)
+    published = [m.id for m in publisher.messages]
+    assert len(published) == 20_000 == len(set(published))
+    assert set(published) == set(ids)
+    assert all(c.published > 0 for c in counters), "every relay took a share"
+    print("\nshare per relay:", [c.published for c in counters])
+
+
+async def test_three_ordered_relays_keep_per_key_order(
+    mysql_store: MysqlStore, mysql_url: str, mysql_database: str
+) -> None:
+    ids = await fill(mysql_database, 6_000, keys=50)
+    publisher = RecordingPublisher()
+    await run_relays(mysql_url, mysql_database, publisher, 3, RelaySettings(batch_size=100))
+    assert len(publisher.messages) == 6_000 == len({m.id for m in publisher.messages})
+    position = {message_id: n for n, message_id in enumerate(ids)}
+    by_key: dict[str | None, list[int]] = collections.defaultdict(list)
+    for message in publisher.messages:
+        by_key[message.key].append(position[message.id])
+    assert len(by_key) == 50
+    for key, order in by_key.items():
+        assert order == sorted(order), f"key {key} published out of order"
+
+
+async def test_writers_racing_on_one_key_are_published_in_write_order(
+    mysql_store: MysqlStore, mysql_database: str
+) -> None:
+    """Eight connections write one key at once while a relay runs, so transactions commit out
+    of seq order all the time: the key's messages are still published in seq order (ADR 0003).
+    A trigger records each row's seq in the writer's transaction, for the comparison."""
+    seen = f"`{mysql_database}`.seen"
+    await mysql_store.execute(f"CREATE TABLE {seen} (seq BIGINT PRIMARY KEY, id VARBINARY(255))")
+    await mysql_store.execute(
+        f"CREATE TRIGGER `{mysql_database}`.record AFTER INSERT ON {{outbox}} FOR EACH ROW "
+        f"INSERT INTO {seen} (seq, id) VALUES (NEW.seq, NEW.id)"
+    )
+    publisher = RecordingPublisher()
+    relay = Relay(mysql_store, publisher, RelaySettings(poll_interval=0.05, batch_size=50))
+    task = asyncio.create_task(relay.run())
+    outbox = outboxer.Outbox(schema=mysql_database)
+
+    async def writer(n: int) -> None:
+        conn = await mysql_connect(mysql_database)
+        try:
+            for i in range(100):
+                await conn.begin()
+                await outbox.enqueue_async(conn, "t", {"w": n, "i": i}, key="hot")
+                await asyncio.sleep(0)  # let the other writers interleave
+                await conn.commit()
+        finally:
+            conn.close()
+
+    try:
+        await asyncio.gather(*(writer(n) for n in range(8)))
+        async with asyncio.timeout(60):
+            while len(publisher.messages) < 800:
+                await asyncio.sleep(0.05)
+    finally:
+        relay.stop()
+        await task
+    published = [m.id for m in publisher.messages]
+    assert len(published) == 800 == len(set(published))
+    written = [r["id"] for r in await mysql_store.execute(f"SELECT id FROM {seen} ORDER BY seq")]
+    assert published == written
+
+
+async def test_poison_dead_lettered_after_three_attempts_while_others_flow(
+    mysql_store: MysqlStore, mysql_database: str
+) -> None:
+    conn = await mysql_connect(mysql_database)
+    outbox = outboxer.Outbox(schema=mysql_database)
+    try:
+        await conn.begin()
+        poison = await outbox.enqueue_async(
+            conn, "orders", {"order": 13}, key="13", type="OrderCreated", headers={"a": "b"}
+        )
+        good = [await outbox.enqueue_async(conn, "orders", {"order": n}) for n in range(50)]
+        await conn.commit()
+    finally:
+        conn.close()
+
+    def reject(message: Message) -> RetryablePublishError | None:
+        return (
+            RetryablePublishError("schema registry rejected it") if message.id == poison else None
+        )
+
+    publisher = RecordingPublisher(fail=reject)
+    await Relay(mysql_store, publisher, QUICK).drain(timeout=30)
+    assert {m.id for m in publisher.messages} == set(good)
+    dead = await mysql_store.get_dead_letter(poison)
+    assert (dead.topic, dead.key, dead.type, dead.attempts) == ("orders", "13", "OrderCreated", 3)
+    assert dead.failure_reason == "schema registry rejected it"
+    assert dead.payload == b'{"order":13}'
+    assert dict(dead.headers) == {"a": "b"}
+
+
+async def test_the_doorbell_wakes_an_idle_relay_long_before_its_poll(
+    mysql_store: MysqlStore, mysql_database: str
+) -> None:
+    publisher = RecordingPublisher()
+    # Poll only every 60 s: a delivery within 10 s can only come from the doorbell.
+    settings = RelaySettings(poll_interval=60, min_poll_interval=60, heartbeat_interval=5)
+    relay = Relay(mysql_store, publisher, settings)
+    task = asyncio.create_task(relay.run())
+    try:
+        await asyncio.sleep(0.5)  # the relay is idle
+        [message_id] = await fill(mysql_database, 1)
+        started = time.monotonic()
+        while not publisher.messages and time.monotonic() - started < 10:
+            await asyncio.sleep(0.01)
+        assert [m.id for m in publisher.messages] == [message_id]
+        print(f"\nfirst message after idle: {1000 * (time.monotonic() - started):.0f} ms")
+    finally:
+        relay.stop()
+        await task
+
+
+async def test_expired_lease_is_taken_over_and_the_old_owner_cannot_settle(
+    mysql_store: MysqlStore, mysql_database: str
+) -> None:
+    await fill(mysql_database, 10)
+    stale = await mysql_store.claim_batch(
+        limit=10, lease_seconds=0.3, ordered=True, relay_id="dead"
+    )
+    await asyncio.sleep(0.5)
+    publisher = RecordingPublisher()
+    await Relay(mysql_store, publisher, QUICK).drain(timeout=20)  # reaps the lease, publishes
+    assert len(publisher.messages) == 10
+    await mysql_store.settle(stale, Settlement(dead=[(m.id, "late") for m in stale.messages]))
+    assert (await mysql_store.stats()).dead_letters == 0
+
+
+async def test_sweeper_persists_its_report_and_only_one_relay_sweeps(
+    mysql_store: MysqlStore, mysql_url: str, mysql_database: str
+) -> None:
+    [message_id] = await fill(mysql_database, 1)
+    await mysql_store.claim_batch(limit=1, lease_seconds=0.1, ordered=True, relay_id="gone")
+    await asyncio.sleep(0.3)
+    assert await mysql_store.release_expired_leases() == 1
+    again = await mysql_store.claim_batch(limit=1, lease_seconds=30, ordered=True, relay_id="r")
+    await mysql_store.settle(again, Settlement(dead=[(message_id, "rejected")]))
+
+    async def sweep(name: str) -> object:
+        async with MysqlStore(mysql_url, TableNames(schema=mysql_database)) as store:
+            return await store.sweep(sweeper=name, interval=60, retention_seconds=0, batch_size=50)
+
+    reports = await asyncio.gather(*(sweep(f"relay-{n}") for n in range(4)))
+    done = [r for r in reports if r is not None]
+    assert len(done) == 1, "exactly one relay swept"
+    report = done[0]
+    assert (report.publish_retries, report.publish_failures) == (1, 1)  # type: ignore[attr-defined]
+    assert (
+        await mysql_store.sweep(sweeper="x", interval=60, retention_seconds=0, batch_size=50)
+        is None
+    )
+    async with MysqlStore(mysql_url, TableNames(schema=mysql_database)) as fresh:  # "a restart"
+        persisted = await fresh.last_sweep()
+        stats = await fresh.stats()
+    assert persisted == report
+    assert stats.last_sweep == report
+
+
+async def test_sweeper_purges_dead_letters_past_retention_in_batches(
+    mysql_store: MysqlStore, mysql_database: str
+) -> None:
+    ids = await fill(mysql_database, 120)
+    claim = await mysql_store.claim_batch(limit=120, lease_seconds=30, ordered=False, relay_id="r")
+    await mysql_store.settle(claim, Settlement(dead=[(i, "bad") for i in ids]))
+    await mysql_store.execute(
+        "UPDATE {dead_letters} SET dead_lettered_at = UTC_TIMESTAMP(6) - INTERVAL 2 DAY "
+        "WHERE id IN %(ids)s",
+        {"ids": tuple(ids[:100])},
+    )
+    for _ in range(2):
+        report = await mysql_store.sweep(
+            sweeper="s", interval=0.001, retention_seconds=86400, batch_size=50
+        )
+        assert report is not None and report.purged == 50
+        await asyncio.sleep(0.01)
+    assert (await mysql_store.stats()).dead_letters == 20  # the young ones stay
+
+
+async def test_stats_flag_work_nobody_owns(mysql_store: MysqlStore, mysql_database: str) -> None:
+    await fill(mysql_database, 5)
+    live = Relay(mysql_store, RecordingPublisher())
+    await mysql_store.heartbeat(live.info)
+    await mysql_store.claim_batch(limit=2, lease_seconds=30, ordered=True, relay_id=live.relay_id)
+    await mysql_store.claim_batch(limit=3, lease_seconds=30, ordered=True, relay_id="crashed")
+    stats = await mysql_store.stats()
+    assert stats.in_flight == 5
+    assert stats.unowned_in_flight == 3
+    [relay] = stats.relays
+    assert (relay.relay_id, relay.in_flight) == (live.relay_id, 2)
