@@ -49,6 +49,7 @@ from outboxer.stores._common import (
     decode_headers,
     message_not_found,
     parse_cursor,
+    wait_for_doorbell,
 )
 
 __all__ = ["InMemoryStore", "RecordingPublisher"]
@@ -272,12 +273,7 @@ class InMemoryStore:
         return self._last_sweep
 
     async def wait_for_messages(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._doorbell.wait(), timeout)
-        except TimeoutError:
-            return False
-        self._doorbell.clear()
-        return True
+        return await wait_for_doorbell(self._doorbell, timeout)
 
     async def heartbeat(self, relay: RelayInfo) -> None:
         self._relays[relay.relay_id] = replace(relay, heartbeat_at=self._clock())

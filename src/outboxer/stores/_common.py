@@ -1,13 +1,16 @@
-"""Helpers shared by the SQL stores: row mapping, cursors, filters."""
+"""What the SQL stores share: row mapping, cursors, filters, pages, the lifecycle, the inbox
+purge loop. Nothing here talks to a driver."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
-from outboxer.errors import ConfigurationError, NotFound, SchemaError
+from outboxer.errors import ConfigurationError, NotFound, SchemaError, StoreError
 from outboxer.message import Message
 from outboxer.ports import (
     DeadLetter,
@@ -202,4 +205,81 @@ def check_schema_version(current: int, latest: int, table: str) -> None:
         raise SchemaError(
             f"outbox schema is at version {current}, this outboxer expects {latest}: "
             "run 'outboxer db upgrade' (or upgrade outboxer)"
+        )
+
+
+class _Openable(Protocol):
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class _WithSeam(Protocol):
+    @property
+    def db(self) -> _Openable: ...
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+_S = TypeVar("_S", bound=_WithSeam)
+
+
+class StoreLifecycle:
+    """Mixin: ``open``/``close`` of the store's connection seam ``db``, and ``async with``."""
+
+    async def __aenter__(self: _S) -> _S:
+        await self.open()
+        return self
+
+    async def __aexit__(self: _WithSeam, *exc_info: object) -> None:
+        await self.close()
+
+    async def open(self: _WithSeam) -> None:
+        await self.db.open()
+
+    async def close(self: _WithSeam) -> None:
+        await self.db.close()
+
+
+async def wait_for_doorbell(doorbell: asyncio.Event, timeout: float) -> bool:
+    """True (and the doorbell cleared) once it rang, False after ``timeout`` seconds."""
+    try:
+        await asyncio.wait_for(doorbell.wait(), timeout)
+    except TimeoutError:
+        return False
+    doorbell.clear()
+    return True
+
+
+#: The sweep purges expired inbox rows this many at a time, for at most this many seconds.
+INBOX_PURGE_BATCH = 5000
+_INBOX_PURGE_SECONDS = 10.0
+
+
+async def purge_inbox(
+    purge_batch: Callable[[int], Awaitable[int]],
+    forget_dead: Callable[[int], Awaitable[int]],
+    log: logging.Logger,
+) -> None:
+    """The inbox's part of a sweep, run by whichever instance won it: expired inbox rows in
+    batches (each its own short statement, for at most ten seconds), then the failure rows of
+    purged consume dead letters. A failure is logged; the next sweep continues."""
+    purged = forgotten = 0
+    deadline = asyncio.get_running_loop().time() + _INBOX_PURGE_SECONDS
+    try:
+        while True:
+            count = await purge_batch(INBOX_PURGE_BATCH)
+            purged += count
+            if count < INBOX_PURGE_BATCH or asyncio.get_running_loop().time() > deadline:
+                break
+        forgotten = await forget_dead(INBOX_PURGE_BATCH)
+    except StoreError as exc:
+        log.warning("inbox purge failed (the next sweep continues): %s", exc)
+    if purged or forgotten:
+        log.info(
+            "sweep purged %d expired inbox rows and %d failure rows of purged dead letters",
+            purged,
+            forgotten,
         )

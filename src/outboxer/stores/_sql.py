@@ -76,6 +76,15 @@ def migrations(dialect: str) -> list[Migration]:
     return sorted(found, key=lambda m: m.version)
 
 
+def pending_migrations(dialect: str, current: int, target: int | None = None) -> list[Migration]:
+    """The migrations after version ``current``, up to ``target`` (all when ``None``), in order."""
+    return [
+        m
+        for m in migrations(dialect)
+        if m.version > current and (target is None or m.version <= target)
+    ]
+
+
 def queries(dialect: str, names: TableNames, quote: str = '"') -> dict[str, str]:
     """The named queries of ``<dialect>/queries.sql``, rendered for ``names``."""
     text = _read(dialect, "queries.sql")

@@ -38,6 +38,7 @@ import asyncmy
 from outboxer.config import TableNames
 from outboxer.ports import DatabaseStore
 from outboxer.stores import _sql
+from outboxer.stores._common import StoreLifecycle
 from outboxer.stores.mysql.connection import URL_SPEC, MysqlDatabase, fetch_all
 from outboxer.stores.mysql.dead_letters import MysqlDeadLetters
 from outboxer.stores.mysql.inbox import MysqlInbox
@@ -50,6 +51,7 @@ __all__ = ["URL_SPEC", "MysqlStore", "from_url"]
 
 
 class MysqlStore(
+    StoreLifecycle,
     MysqlRelay,
     MysqlSweeper,
     MysqlDeadLetters,
@@ -79,19 +81,6 @@ class MysqlStore(
         self.names = names or TableNames()
         self.q = _sql.queries("mysql", self.names, quote="`")
         self.db = MysqlDatabase(url_or_pool, self.names, max_connections=max_connections)
-
-    async def __aenter__(self) -> MysqlStore:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def open(self) -> None:
-        await self.db.open()
-
-    async def close(self) -> None:
-        await self.db.close()
 
     async def execute(self, sql: str, args: Any = None) -> Sequence[dict[str, Any]]:
         """Run SQL with the outbox placeholders rendered (tests and benchmarks); VARBINARY

@@ -68,9 +68,7 @@ class MysqlSchema(MysqlPart):
             )
         current = await fetch_value(conn, f"SELECT MAX(version) FROM {version_table}") or 0
         applied: list[int] = []
-        for migration in _sql.migrations("mysql"):
-            if migration.version <= current or (target is not None and migration.version > target):
-                continue
+        for migration in _sql.pending_migrations("mysql", current, target):
             for statement in _sql.split_statements(migration.sql):
                 await execute(conn, self._render(statement))
             await execute(

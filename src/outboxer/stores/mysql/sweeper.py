@@ -8,13 +8,11 @@ won then purges expired inbox rows in short batches.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 
-from outboxer.errors import StoreError
 from outboxer.ports import SweepReport
-from outboxer.stores._common import sweep_report
+from outboxer.stores._common import purge_inbox, sweep_report
 from outboxer.stores.mysql.connection import (
     MysqlPart,
     execute,
@@ -27,10 +25,6 @@ from outboxer.stores.mysql.relay import micros
 __all__ = ["MysqlSweeper"]
 
 log = logging.getLogger("outboxer.store.mysql")
-
-#: The sweep purges expired inbox rows this many at a time, for at most this many seconds.
-_INBOX_PURGE_BATCH = 5000
-_INBOX_PURGE_SECONDS = 10.0
 
 
 class MysqlSweeper(MysqlPart):
@@ -68,25 +62,12 @@ class MysqlSweeper(MysqlPart):
         return sweep_report(row) if row is not None else None
 
     async def _sweep_inbox(self) -> None:
-        """Purge expired inbox rows in batches (bounded in time) and forget the failure rows of
-        purged consume dead letters; run by whichever instance won the sweep."""
-        purged = forgotten = 0
-        deadline = asyncio.get_running_loop().time() + _INBOX_PURGE_SECONDS
-        batch = {"batch": _INBOX_PURGE_BATCH}
-        try:
-            while True:
-                async with self.db.connection() as conn:
-                    count = await execute(conn, self.q["inbox_purge"], batch)
-                purged += count
-                if count < _INBOX_PURGE_BATCH or asyncio.get_running_loop().time() > deadline:
-                    break
-            async with self.db.connection() as conn:
-                forgotten = await execute(conn, self.q["inbox_forget_dead"], batch)
-        except StoreError as exc:
-            log.warning("inbox purge failed (the next sweep continues): %s", exc)
-        if purged or forgotten:
-            log.info(
-                "sweep purged %d expired inbox rows and %d failure rows of purged dead letters",
-                purged,
-                forgotten,
-            )
+        await purge_inbox(self._purge_inbox_batch, self._forget_dead_failures, log)
+
+    async def _purge_inbox_batch(self, batch: int) -> int:
+        async with self.db.connection() as conn:
+            return await execute(conn, self.q["inbox_purge"], {"batch": batch})
+
+    async def _forget_dead_failures(self, batch: int) -> int:
+        async with self.db.connection() as conn:
+            return await execute(conn, self.q["inbox_forget_dead"], {"batch": batch})

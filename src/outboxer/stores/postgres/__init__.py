@@ -26,6 +26,7 @@ import asyncpg
 from outboxer.config import TableNames
 from outboxer.ports import DatabaseStore
 from outboxer.stores import _sql
+from outboxer.stores._common import StoreLifecycle
 from outboxer.stores.postgres.connection import URL_SPEC, PostgresDatabase
 from outboxer.stores.postgres.dead_letters import PostgresDeadLetters
 from outboxer.stores.postgres.inbox import PostgresInbox
@@ -38,6 +39,7 @@ __all__ = ["URL_SPEC", "PostgresStore", "from_url"]
 
 
 class PostgresStore(
+    StoreLifecycle,
     PostgresRelay,
     PostgresSweeper,
     PostgresDeadLetters,
@@ -67,16 +69,6 @@ class PostgresStore(
         self.q = _sql.queries("postgres", self.names)
         self.db = PostgresDatabase(dsn_or_pool, self.names, max_connections=max_connections)
         self.doorbell = Doorbell(self.db, self.names.channel)
-
-    async def __aenter__(self) -> PostgresStore:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def open(self) -> None:
-        await self.db.open()
 
     async def close(self) -> None:
         await self.doorbell.close()

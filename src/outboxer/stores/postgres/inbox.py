@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
 
 from outboxer.message import Message, encode_headers
 from outboxer.ports import ConsumeFailure, InboxHandler, InboxReceipt, PendingFailure
@@ -119,14 +120,7 @@ class _MessageTransaction:
         await self._conn.execute(
             self._q["inbox_failure_insert"],
             consumer,
-            message.id,
-            message.topic,
-            message.key,
-            message.type,
-            message.payload,
-            message.content_type,
-            encode_headers(message.headers),
-            message.created_at,
+            *_message_args(message),
             attempts,
             float(failure.retry_in or 0.0),
             failure.reason,
@@ -135,17 +129,7 @@ class _MessageTransaction:
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
         await self._conn.execute(
-            self._q["inbox_dead_letter"],
-            message.id,
-            message.topic,
-            message.key,
-            message.type,
-            message.payload,
-            message.content_type,
-            encode_headers(message.headers),
-            message.created_at,
-            reason,
-            attempts,
+            self._q["inbox_dead_letter"], *_message_args(message), reason, attempts
         )
 
     async def lock_failure(self, consumer: str, message_id: str) -> PendingFailure | None:
@@ -207,3 +191,17 @@ class _BatchTransaction(_MessageTransaction):
         if not self._renewed:
             await self._conn.execute(_RENEW_SAVEPOINT)
         self._renewed = False
+
+
+def _message_args(message: Message) -> tuple[Any, ...]:
+    """The message's columns, in the order the inbox queries take them."""
+    return (
+        message.id,
+        message.topic,
+        message.key,
+        message.type,
+        message.payload,
+        message.content_type,
+        encode_headers(message.headers),
+        message.created_at,
+    )

@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 
 from outboxer.ports import Claim, RelayInfo, Settlement
-from outboxer.stores._common import message_from_row
+from outboxer.stores._common import message_from_row, wait_for_doorbell
 from outboxer.stores.postgres.connection import Conn, PostgresDatabase, PostgresPart
 
 __all__ = ["Doorbell", "PostgresRelay"]
@@ -41,12 +41,7 @@ class Doorbell:
     async def wait(self, timeout: float) -> bool:
         if not self._listening():
             await self._listen()
-        try:
-            await asyncio.wait_for(self._rung.wait(), timeout)
-        except TimeoutError:
-            return False
-        self._rung.clear()
-        return True
+        return await wait_for_doorbell(self._rung, timeout)
 
     async def close(self) -> None:
         if self._listener is not None:

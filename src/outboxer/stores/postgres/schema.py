@@ -30,11 +30,7 @@ class PostgresSchema(PostgresPart):
                 "version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
             )
             current = await conn.fetchval(f"SELECT max(version) FROM {version_table}") or 0
-            for migration in _sql.migrations("postgres"):
-                if migration.version <= current or (
-                    target is not None and migration.version > target
-                ):
-                    continue
+            for migration in _sql.pending_migrations("postgres", current, target):
                 for statement in _sql.split_statements(migration.sql):
                     await conn.execute(_sql.render(statement, self.names))
                 await conn.execute(

@@ -6,21 +6,15 @@ the last sweep); the instance that wins then purges expired inbox rows in short 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
-from outboxer.errors import StoreError
 from outboxer.ports import SweepReport
-from outboxer.stores._common import sweep_report
+from outboxer.stores._common import purge_inbox, sweep_report
 from outboxer.stores.postgres.connection import PostgresPart
 
 __all__ = ["PostgresSweeper"]
 
 log = logging.getLogger("outboxer.store.postgres")
-
-#: The sweep purges expired inbox rows this many at a time, for at most this many seconds.
-_INBOX_PURGE_BATCH = 5000
-_INBOX_PURGE_SECONDS = 10.0
 
 
 class PostgresSweeper(PostgresPart):
@@ -47,26 +41,17 @@ class PostgresSweeper(PostgresPart):
         return sweep_report(row) if row is not None else None
 
     async def _sweep_inbox(self) -> None:
-        """Purge expired inbox rows in batches (bounded in time) and forget the failure rows of
-        purged consume dead letters; run by whichever instance won the sweep."""
-        purged = forgotten = 0
-        deadline = asyncio.get_running_loop().time() + _INBOX_PURGE_SECONDS
-        try:
-            while True:
-                async with self.db.connection() as conn:
-                    status = await conn.execute(self.q["inbox_purge"], _INBOX_PURGE_BATCH)
-                count = int(status.split()[-1])
-                purged += count
-                if count < _INBOX_PURGE_BATCH or asyncio.get_running_loop().time() > deadline:
-                    break
-            async with self.db.connection() as conn:
-                status = await conn.execute(self.q["inbox_forget_dead"], _INBOX_PURGE_BATCH)
-            forgotten = int(status.split()[-1])
-        except StoreError as exc:
-            log.warning("inbox purge failed (the next sweep continues): %s", exc)
-        if purged or forgotten:
-            log.info(
-                "sweep purged %d expired inbox rows and %d failure rows of purged dead letters",
-                purged,
-                forgotten,
-            )
+        await purge_inbox(self._purge_inbox_batch, self._forget_dead_failures, log)
+
+    async def _purge_inbox_batch(self, batch: int) -> int:
+        async with self.db.connection() as conn:
+            return _row_count(await conn.execute(self.q["inbox_purge"], batch))
+
+    async def _forget_dead_failures(self, batch: int) -> int:
+        async with self.db.connection() as conn:
+            return _row_count(await conn.execute(self.q["inbox_forget_dead"], batch))
+
+
+def _row_count(status: str) -> int:
+    """The row count of a command status such as ``DELETE 42``."""
+    return int(status.split()[-1])

@@ -29,6 +29,7 @@ from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
 from outboxer.ports import DatabaseStore
 from outboxer.stores import _sql
+from outboxer.stores._common import StoreLifecycle
 from outboxer.stores.sqlite.connection import (
     CLOCK,
     NOW,
@@ -47,7 +48,13 @@ __all__ = ["URL_SPEC", "SqliteStore", "from_url", "path_from_url"]
 
 
 class SqliteStore(
-    SqliteRelay, SqliteSweeper, SqliteDeadLetters, SqliteMessages, SqliteSchema, SqliteInbox
+    StoreLifecycle,
+    SqliteRelay,
+    SqliteSweeper,
+    SqliteDeadLetters,
+    SqliteMessages,
+    SqliteSchema,
+    SqliteInbox,
 ):
     """The outbox in a SQLite database file: every port of
     :class:`~outboxer.ports.DatabaseStore`.
@@ -82,19 +89,6 @@ class SqliteStore(
             self.now = CLOCK
         self.db = SqliteDatabase(self.path, self.names, clock=clock, connect=self._connect)
         self.doorbell = asyncio.Event()
-
-    async def __aenter__(self) -> SqliteStore:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def open(self) -> None:
-        await self.db.open()
-
-    async def close(self) -> None:
-        await self.db.close()
 
     async def _connect(self) -> aiosqlite.Connection:
         """Open the connection in autocommit mode (transactions are explicit); a subclass may

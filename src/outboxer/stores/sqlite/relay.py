@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from outboxer.ports import Claim, RelayInfo, Settlement
-from outboxer.stores._common import message_from_row
+from outboxer.stores._common import message_from_row, wait_for_doorbell
 from outboxer.stores.sqlite.connection import SqlitePart
 
 __all__ = ["SqliteRelay"]
@@ -87,12 +87,7 @@ class SqliteRelay(SqlitePart):
 
     async def wait_for_messages(self, timeout: float) -> bool:
         # No cross-process notification in SQLite: the relay's adaptive polling does the work.
-        try:
-            await asyncio.wait_for(self.doorbell.wait(), timeout)
-        except TimeoutError:
-            return False
-        self.doorbell.clear()
-        return True
+        return await wait_for_doorbell(self.doorbell, timeout)
 
     async def heartbeat(self, relay: RelayInfo) -> None:
         params = {

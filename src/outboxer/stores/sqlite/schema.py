@@ -27,11 +27,7 @@ class SqliteSchema(SqlitePart):
             async with conn.execute(f"SELECT max(version) FROM {table}") as cur:
                 row = await cur.fetchone()
             current = (row[0] if row else 0) or 0
-            for migration in _sql.migrations("sqlite"):
-                if migration.version <= current or (
-                    target is not None and migration.version > target
-                ):
-                    continue
+            for migration in _sql.pending_migrations("sqlite", current, target):
                 for statement in _sql.split_statements(migration.sql):
                     await conn.execute(_sql.render(statement, self.names))
                 await conn.execute(

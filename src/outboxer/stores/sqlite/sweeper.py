@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
-from outboxer.errors import StoreError
 from outboxer.ports import SweepReport
-from outboxer.stores._common import sweep_report
+from outboxer.stores._common import purge_inbox, sweep_report
 from outboxer.stores.sqlite.connection import SqlitePart
 
 __all__ = ["SqliteSweeper"]
 
 log = logging.getLogger("outboxer.store.sqlite")
-
-#: The sweep purges expired inbox rows this many at a time, for at most this many seconds.
-_INBOX_PURGE_BATCH = 5000
-_INBOX_PURGE_SECONDS = 10.0
 
 
 class SqliteSweeper(SqlitePart):
@@ -49,25 +43,15 @@ class SqliteSweeper(SqlitePart):
         return sweep_report(row) if row is not None else None
 
     async def _sweep_inbox(self) -> None:
-        """Purge expired inbox rows in batches and forget the failure rows of purged consume
-        dead letters; each batch is its own short write transaction."""
-        purged = forgotten = 0
-        batch = {"batch": _INBOX_PURGE_BATCH}
-        deadline = asyncio.get_running_loop().time() + _INBOX_PURGE_SECONDS
-        try:
-            while True:
-                async with self.db.transaction() as conn:
-                    count: int = (await conn.execute(self.q["inbox_purge"], batch)).rowcount
-                purged += count
-                if count < _INBOX_PURGE_BATCH or asyncio.get_running_loop().time() > deadline:
-                    break
-            async with self.db.connection() as conn:
-                forgotten = (await conn.execute(self.q["inbox_forget_dead"], batch)).rowcount
-        except StoreError as exc:
-            log.warning("inbox purge failed (the next sweep continues): %s", exc)
-        if purged or forgotten:
-            log.info(
-                "sweep purged %d expired inbox rows and %d failure rows of purged dead letters",
-                purged,
-                forgotten,
-            )
+        # Each batch is its own short write transaction: writers wait only that long.
+        await purge_inbox(self._purge_inbox_batch, self._forget_dead_failures, log)
+
+    async def _purge_inbox_batch(self, batch: int) -> int:
+        async with self.db.transaction() as conn:
+            purged: int = (await conn.execute(self.q["inbox_purge"], {"batch": batch})).rowcount
+        return purged
+
+    async def _forget_dead_failures(self, batch: int) -> int:
+        async with self.db.connection() as conn:
+            cursor = await conn.execute(self.q["inbox_forget_dead"], {"batch": batch})
+        return int(cursor.rowcount)
