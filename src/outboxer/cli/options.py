@@ -49,10 +49,8 @@ def stack(*options: Callable[[F], F]) -> Callable[[F], F]:
     return apply
 
 
-database_options = stack(
-    env_option(
-        "--database-url", required=True, help="postgresql://user@host/db or sqlite:///path.db"
-    ),
+#: ``--schema``/``--table``: which outbox (:class:`~outboxer.config.TableNames`).
+names_options = stack(
     env_option(
         "--schema",
         default=None,
@@ -65,6 +63,10 @@ database_options = stack(
         show_default=True,
         help="Outbox table name; the other tables are named after it.",
     ),
+)
+database_url_help = "postgresql://user@host/db or sqlite:///path.db"
+database_options = stack(
+    env_option("--database-url", required=True, help=database_url_help), names_options
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 #: ``--topic``/``--type``/``--key``, the filters dead letters and messages share.

@@ -55,7 +55,8 @@ def _directory(dialect: str) -> Traversable:
 
 
 @cache
-def _read(dialect: str, filename: str) -> str:
+def read(dialect: str, filename: str) -> str:
+    """The text of ``<dialect>/sql/<filename>``."""
     return _directory(dialect).joinpath(filename).read_text()
 
 
@@ -87,7 +88,7 @@ def pending_migrations(dialect: str, current: int, target: int | None = None) ->
 
 def queries(dialect: str, names: TableNames, quote: str = '"') -> dict[str, str]:
     """The named queries of ``<dialect>/queries.sql``, rendered for ``names``."""
-    text = _read(dialect, "queries.sql")
+    text = read(dialect, "queries.sql")
     parts = _NAME.split(text)
     return {
         name: render(body.strip(), names, quote)

@@ -9,7 +9,7 @@ statements succeeded.
 from __future__ import annotations
 
 from outboxer.errors import SchemaError
-from outboxer.stores import _sql
+from outboxer.stores import _sql, ddl
 from outboxer.stores._common import check_schema_version
 from outboxer.stores.mysql.connection import (
     Conn,
@@ -61,22 +61,13 @@ class MysqlSchema(MysqlPart):
         ):
             await execute(conn, f"CREATE DATABASE `{schema}`")
         if not await self._version_table_exists(conn):
-            await execute(
-                conn,
-                f"CREATE TABLE {version_table} (version INT NOT NULL PRIMARY KEY, "
-                "applied_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))) ENGINE = InnoDB",
-            )
+            await execute(conn, ddl.version_table("mysql", self.names))
         current = await fetch_value(conn, f"SELECT MAX(version) FROM {version_table}") or 0
         applied: list[int] = []
-        for migration in _sql.pending_migrations("mysql", current, target):
-            for statement in _sql.split_statements(migration.sql):
-                await execute(conn, self._render(statement))
-            await execute(
-                conn,
-                f"INSERT INTO {version_table} (version) VALUES (%(v)s)",
-                {"v": migration.version},
-            )
-            applied.append(migration.version)
+        for step in ddl.pending("mysql", self.names, current, target):
+            for statement in step.statements:
+                await execute(conn, statement)
+            applied.append(step.version)
         return applied
 
     async def _version_table_exists(self, conn: Conn) -> bool:
@@ -101,5 +92,5 @@ class MysqlSchema(MysqlPart):
 
     async def check_schema(self) -> None:
         """Raise ``SchemaError`` unless the schema is exactly at this version of outboxer."""
-        latest = _sql.migrations("mysql")[-1].version
+        latest = ddl.latest_version("mysql")
         check_schema_version(await self.schema_version(), latest, self.names.qualified(quote="`"))

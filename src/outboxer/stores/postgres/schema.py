@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outboxer.stores import _sql
+from outboxer.stores import _sql, ddl
 from outboxer.stores._common import check_schema_version
 from outboxer.stores.postgres.connection import PostgresPart
 
@@ -23,20 +23,13 @@ class PostgresSchema(PostgresPart):
         applied: list[int] = []
         async with self.db.transaction() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.names.channel)
-            if self.names.schema:
-                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.names.schema}"')
-            await conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {version_table} ("
-                "version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
+            for statement in ddl.prelude("postgres", self.names):
+                await conn.execute(statement)
             current = await conn.fetchval(f"SELECT max(version) FROM {version_table}") or 0
-            for migration in _sql.pending_migrations("postgres", current, target):
-                for statement in _sql.split_statements(migration.sql):
-                    await conn.execute(_sql.render(statement, self.names))
-                await conn.execute(
-                    f"INSERT INTO {version_table} (version) VALUES ($1)", migration.version
-                )
-                applied.append(migration.version)
+            for step in ddl.pending("postgres", self.names, current, target):
+                for statement in step.statements:
+                    await conn.execute(statement)
+                applied.append(step.version)
         return applied
 
     async def schema_version(self) -> int:
@@ -50,5 +43,5 @@ class PostgresSchema(PostgresPart):
 
     async def check_schema(self) -> None:
         """Raise ``SchemaError`` unless the schema is exactly at this version of outboxer."""
-        latest = _sql.migrations("postgres")[-1].version
+        latest = ddl.latest_version("postgres")
         check_schema_version(await self.schema_version(), latest, self.names.qualified())

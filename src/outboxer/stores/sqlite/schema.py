@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from outboxer.stores import _sql
+from outboxer.stores import _sql, ddl
 from outboxer.stores._common import check_schema_version
-from outboxer.stores.sqlite.connection import NOW, SqlitePart
+from outboxer.stores.sqlite.connection import SqlitePart
 
 __all__ = ["SqliteSchema"]
 
@@ -20,20 +20,14 @@ class SqliteSchema(SqlitePart):
         table = _sql.render("{schema_version}", self.names)
         applied = []
         async with self.db.transaction() as conn:
-            await conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {table} (version INTEGER PRIMARY KEY, "
-                f"applied_at REAL NOT NULL DEFAULT ({NOW}))"
-            )
+            await conn.execute(ddl.version_table("sqlite", self.names))
             async with conn.execute(f"SELECT max(version) FROM {table}") as cur:
                 row = await cur.fetchone()
             current = (row[0] if row else 0) or 0
-            for migration in _sql.pending_migrations("sqlite", current, target):
-                for statement in _sql.split_statements(migration.sql):
-                    await conn.execute(_sql.render(statement, self.names))
-                await conn.execute(
-                    f"INSERT INTO {table} (version) VALUES (?)", (migration.version,)
-                )
-                applied.append(migration.version)
+            for step in ddl.pending("sqlite", self.names, current, target):
+                for statement in step.statements:
+                    await conn.execute(statement)
+                applied.append(step.version)
         return applied
 
     async def schema_version(self) -> int:
@@ -51,6 +45,6 @@ class SqliteSchema(SqlitePart):
 
     async def check_schema(self) -> None:
         """Raise ``SchemaError`` unless the schema is exactly at this version of outboxer."""
-        latest = _sql.migrations("sqlite")[-1].version
+        latest = ddl.latest_version("sqlite")
         where = f"{self.names.table} in {self.db.path}"
         check_schema_version(await self.schema_version(), latest, where)

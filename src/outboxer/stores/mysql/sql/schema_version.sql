@@ -1,0 +1,7 @@
+-- The versions of this schema applied so far (one row per migration file of this folder);
+-- 'outboxer db upgrade' applies the missing ones, the relay refuses to start unless the latest
+-- is there.
+CREATE TABLE IF NOT EXISTS {schema_version} (
+    version     INT         NOT NULL PRIMARY KEY,
+    applied_at  DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+) ENGINE = InnoDB;
