@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import signal
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import asyncpg
+import psycopg
+import pymysql
 import pytest
 
 import outboxer
@@ -35,16 +39,61 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'app.db'}"
 
 
-def write_sqlite(url: str, count: int, *, poison: int = 0) -> list[str]:
-    conn = sqlite3.connect(url.removeprefix("sqlite:///"))
-    with conn:
-        ids = [outboxer.enqueue(conn, "orders", {"n": n}, key=str(n)) for n in range(count)]
-        ids += [
-            outboxer.enqueue(conn, "audit", {"p": n}, key=f"p{n}", type="Poison")
+class Database:
+    """A database as the CLI sees it (its options) and as an application writes to it."""
+
+    def __init__(self, url: str, schema: str | None = None) -> None:
+        self.url, self.schema = url, schema
+        self.args = ["--database-url", url, *(["--schema", schema] if schema else [])]
+        self.outbox = outboxer.Outbox(schema=schema)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A connection of the application, committed at the end."""
+        if self.url.startswith("sqlite"):
+            conn: Any = sqlite3.connect(self.url.removeprefix("sqlite:///"))
+        elif self.url.startswith("mariadb"):
+            conn = pymysql.connect(host="127.0.0.1", user="root", database=self.schema)
+        else:
+            conn = psycopg.connect(self.url)
+        try:
+            yield conn
+            conn.commit()
+        finally:
+            conn.close()
+
+    def write(self, count: int, *, poison: int = 0) -> list[str]:
+        """``count`` orders of their own keys, then ``poison`` messages handlers reject."""
+        messages = [{"topic": "orders", "payload": {"n": n}, "key": str(n)} for n in range(count)]
+        messages += [
+            {"topic": "audit", "payload": {"p": n}, "key": f"p{n}", "type": "Poison"}
             for n in range(poison)
         ]
-    conn.close()
-    return ids
+        with self.transaction() as conn:
+            return [self.outbox.enqueue(conn, **message) for message in messages]
+
+
+@pytest.fixture
+def sqlite_db(sqlite_url: str) -> Database:
+    return Database(sqlite_url)
+
+
+@pytest.fixture
+def mariadb_db(mysql_url: str, mysql_database: str) -> Database:
+    return Database(mysql_url.replace("mysql://", "mariadb://"), mysql_database)
+
+
+@pytest.fixture(params=["sqlite", "mariadb"])
+def database(request: pytest.FixtureRequest) -> Database:
+    """SQLite (the embedded default) and a server database, the CLI the same on both."""
+    return request.getfixturevalue(f"{request.param}_db")
+
+
+@pytest.fixture(params=["postgres", "mariadb"])
+def server_database(request: pytest.FixtureRequest) -> Database:
+    if request.param == "postgres":
+        return Database(request.getfixturevalue("pg_url"), request.getfixturevalue("pg_schema"))
+    return request.getfixturevalue("mariadb_db")
 
 
 def test_help_lists_every_environment_variable(cli: Cli) -> None:
@@ -69,9 +118,9 @@ def test_db_upgrade_is_idempotent_on_sqlite(cli: Cli, sqlite_url: str) -> None:
     assert again.returncode == 0 and "up to date" in again.stdout
 
 
-def test_db_upgrade_is_idempotent_on_postgres(cli: Cli, pg_url: str, pg_schema: str) -> None:
-    cli.env["OUTBOXER_DATABASE_URL"] = pg_url  # options come from the environment too
-    cli.env["OUTBOXER_SCHEMA"] = pg_schema
+def test_db_upgrade_is_idempotent_on_a_server_database(cli: Cli, server_database: Database) -> None:
+    cli.env["OUTBOXER_DATABASE_URL"] = server_database.url  # options come from the environment
+    cli.env["OUTBOXER_SCHEMA"] = server_database.schema or ""
     assert "upgraded" in cli("db", "upgrade").stdout
     assert "up to date" in cli("db", "upgrade").stdout
 
@@ -80,7 +129,7 @@ def test_relay_delivers_then_stops_gracefully_on_sigterm(
     cli: Cli, sqlite_url: str, sink: Path
 ) -> None:
     assert cli("db", "upgrade", "--database-url", sqlite_url).returncode == 0
-    ids = write_sqlite(sqlite_url, 300)
+    ids = Database(sqlite_url).write(300)
     relay = cli.start(
         "relay", "--database-url", sqlite_url, "--broker", INPROCESS, "--poll-interval", "0.1"
     )
@@ -97,19 +146,15 @@ def test_relay_delivers_then_stops_gracefully_on_sigterm(
     assert (stats["pending"], stats["in_flight"], stats["relays"]) == (0, 0, [])
 
 
-async def test_kill_9_mid_stream_loses_nothing_and_duplicates_stay_bounded(
-    cli: Cli, pg_url: str, pg_schema: str, sink: Path
+def test_kill_9_mid_stream_loses_nothing_and_duplicates_stay_bounded(
+    cli: Cli, server_database: Database, sink: Path
 ) -> None:
     batch, window, total = 200, 2, 20_000
-    base = ["--database-url", pg_url, "--schema", pg_schema]
+    base = server_database.args
     assert cli("db", "upgrade", *base).returncode == 0
-    outbox = outboxer.Outbox(schema=pg_schema)
-    conn = await asyncpg.connect(pg_url)
-    try:
-        messages = [{"topic": "orders", "payload": {"n": n}, "key": n % 500} for n in range(total)]
-        ids = set(await outbox.enqueue_many_async(conn, messages))
-    finally:
-        await conn.close()
+    messages = [{"topic": "orders", "payload": {"n": n}, "key": n % 500} for n in range(total)]
+    with server_database.transaction() as conn:
+        ids = set(server_database.outbox.enqueue_many(conn, messages))
     relay_args = [
         "relay",
         *base,
@@ -151,10 +196,10 @@ async def test_kill_9_mid_stream_loses_nothing_and_duplicates_stay_bounded(
     assert (stats["pending"], stats["in_flight"], stats["dead_letters"]) == (0, 0, 0)
 
 
-def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, sqlite_url: str) -> None:
-    db = ["--database-url", sqlite_url]
+def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, database: Database) -> None:
+    db = database.args
     assert cli("db", "upgrade", *db).returncode == 0
-    ids = write_sqlite(sqlite_url, 2, poison=3)
+    ids = database.write(2, poison=3)
     poison = ids[2:]
     relay = cli.start(
         "relay", *db, "--broker", INPROCESS, "--retry-base", "0.05", "--poll-interval", "0.05"
@@ -185,10 +230,8 @@ def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, sqlite_url: str
     stats = json.loads(cli("stats", *db, "--json").stdout)
     assert (stats["pending"], stats["dead_letters"]) == (1, 2)
     # The application writes a dead letter's id anew: replaying it is refused, by name.
-    conn = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
-    with conn:
-        outboxer.enqueue(conn, "audit", {"p": "anew"}, id=poison[1])
-    conn.close()
+    with database.transaction() as conn:
+        database.outbox.enqueue(conn, "audit", {"p": "anew"}, id=poison[1])
     again = cli("dlq", "replay", *db, poison[1])
     assert again.returncode == 1 and "in the outbox again" in again.stderr
     assert "no dead letter" not in again.stderr
@@ -198,15 +241,15 @@ def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, sqlite_url: str
     assert json.loads(cli("dlq", "list", *db, "--json").stdout)["items"] == []
 
 
-def test_messages_list_and_show_where_each_waits(cli: Cli, sqlite_url: str) -> None:
+def test_messages_list_and_show_where_each_waits(cli: Cli, database: Database) -> None:
     """``outboxer messages``: the outbox before the dead letter, without touching SQL."""
-    db = ["--database-url", sqlite_url]
+    db = database.args
     assert cli("db", "upgrade", *db).returncode == 0
-    ids = write_sqlite(sqlite_url, 3, poison=1)
-    conn = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
-    with conn:
-        later = outboxer.enqueue(conn, "orders", {"n": 9}, available_at=dt.timedelta(hours=1))
-    conn.close()
+    ids = database.write(3, poison=1)
+    with database.transaction() as conn:
+        later = database.outbox.enqueue(
+            conn, "orders", {"n": 9}, available_at=dt.timedelta(hours=1)
+        )
 
     page = json.loads(cli("messages", "list", *db, "--json", "--limit", "2").stdout)
     assert [m["id"] for m in page["items"]] == ids[:2] and page["next_cursor"]

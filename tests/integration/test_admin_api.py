@@ -25,10 +25,12 @@ from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError, StoreUnavailable
 from outboxer.outbox import Outbox
 from outboxer.ports import OutboxStats, RelayInfo, Retry, Settlement, Store
+from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore
 from tests.acceptance.conftest import OUTBOXER, ROOT
+from tests.conftest import mysql_connect
 
 TOKEN = "test-admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -1046,3 +1048,45 @@ async def test_app_from_url_refuses_to_start_on_a_missing_schema(pg_url: str) ->
     with pytest.raises(SchemaError, match="outboxer db upgrade"):
         async with app.router.lifespan_context(app):
             pass
+
+
+async def test_the_api_on_mariadb(
+    mysql_store: MysqlStore, mysql_url: str, mysql_database: str
+) -> None:
+    """The admin API over a ``mariadb://`` URL: stats, messages, dead letters listed, shown,
+    replayed and purged, readiness."""
+    outbox = Outbox(schema=mysql_database)
+    conn = await mysql_connect(mysql_database)
+    try:
+        await conn.begin()
+        ids = [
+            await outbox.enqueue_async(conn, "orders", {"order": i}, key=f"k{i}", type="T")
+            for i in range(3)
+        ]
+        await conn.commit()
+    finally:
+        conn.close()
+    claim = await mysql_store.claim_batch(limit=2, lease_seconds=30, ordered=True, relay_id="r")
+    await mysql_store.settle(claim, Settlement(dead=[(i, f"rejected: {i}") for i in ids[:2]]))
+    url = mysql_url.replace("mysql://", "mariadb://")
+    app = create_app_from_url(url, TableNames(schema=mysql_database), token=TOKEN)
+    async with app.router.lifespan_context(app), client_for(app) as client:
+        client.headers.update(AUTH)
+        stats = (await client.get("/api/stats")).json()
+        assert (stats["pending"], stats["dead_letters"]) == (1, 2)
+        messages = (await client.get("/api/messages")).json()
+        assert [(m["id"], m["state"]) for m in messages["items"]] == [(ids[2], "pending")]
+        page = (await client.get("/api/deadletters?limit=1")).json()
+        assert [d["id"] for d in page["items"]] == [ids[1]] and page["next_cursor"]
+        rest = (await client.get(f"/api/deadletters?cursor={page['next_cursor']}")).json()
+        assert [d["id"] for d in rest["items"]] == [ids[0]] and rest["next_cursor"] is None
+        shown = (await client.get(f"/api/deadletters/{ids[0]}")).json()
+        assert (shown["key"], shown["attempts"], shown["payload"]) == ("k0", 1, {"order": 0})
+        assert shown["failure_reason"] == f"rejected: {ids[0]}"
+        replayed = await client.post(f"/api/deadletters/{ids[0]}/replay")
+        assert replayed.json() == {"replayed": [ids[0]], "count": 1, "not_found": []}
+        assert (await client.delete(f"/api/deadletters/{ids[1]}")).status_code == 200
+        assert (await client.get(f"/api/deadletters/{ids[1]}")).status_code == 404
+        assert (await client.get("/readyz")).status_code == 503  # no relay is running
+    stats_after = await mysql_store.stats()
+    assert (stats_after.pending, stats_after.dead_letters) == (2, 0)
