@@ -545,6 +545,16 @@ async def test_enqueue_many_writes_what_enqueue_writes_in_order(database: Databa
     assert expected[4]["available_at"] in (LATER, LATER.timestamp())
 
 
+async def test_enqueue_many_of_thousands_keeps_their_order(database: Database) -> None:
+    # more rows than a writer puts in one chunk of its COPY or multi-row INSERT
+    messages = [{"topic": "t", "payload": {"n": n}, "key": f"k{n % 7}"} for n in range(2500)]
+    async with database.transaction() as tx:
+        ids = await tx.enqueue_many(messages)
+    rows = await database.rows()
+    assert [r["id"] for r in rows] == ids
+    assert [json.loads(r["payload"])["n"] for r in rows] == list(range(2500))
+
+
 async def test_enqueue_many_is_atomic_with_the_caller(database: Database) -> None:
     with contextlib.suppress(Rollback):
         async with database.transaction() as tx:

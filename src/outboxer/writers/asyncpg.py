@@ -36,6 +36,7 @@ _LENGTH = struct.Struct("!i").pack  # ... and per field its length and bytes (-1
 _NULL = _LENGTH(-1)
 _TRAILER = struct.pack("!h", -1)  # ... and -1 at the end.
 _JSONB_VERSION = b"\x01"  # a binary jsonb value is its text after a version byte
+_CHUNK_ROWS = 1000
 
 
 @cache
@@ -45,9 +46,9 @@ def _insert(names: TableNames) -> str:
     )
 
 
-def _binary_copy(rows: Sequence[Row]) -> bytes:
-    """``rows`` (all but ``available_at``) as COPY's binary format."""
-    out = [_SIGNATURE]
+def _binary_rows(rows: Sequence[Row]) -> bytes:
+    """``rows`` (all but ``available_at``) in COPY's binary format."""
+    out: list[bytes] = []
     add = out.append
     for id_, topic, key, type_, payload, content_type, headers, _ in rows:
         add(_FIELDS)
@@ -67,13 +68,16 @@ def _binary_copy(rows: Sequence[Row]) -> bytes:
         add(_LENGTH(len(data) + 1))
         add(_JSONB_VERSION)
         add(data)
-    add(_TRAILER)
     return b"".join(out)
 
 
-async def _chunks(data: bytes) -> AsyncIterator[bytes]:
-    # (asyncpg takes bytes for a file name, and reads a file object on a thread)
-    yield data
+async def _copy_data(rows: Sequence[Row]) -> AsyncIterator[bytes]:
+    # In chunks: the server stores one while the next is written. (A source of bytes would be
+    # taken for a file name by asyncpg, and a file object is read on a thread.)
+    yield _SIGNATURE
+    for start in range(0, len(rows), _CHUNK_ROWS):
+        yield _binary_rows(rows[start : start + _CHUNK_ROWS])
+    yield _TRAILER
 
 
 class AsyncpgWriter:
@@ -95,7 +99,7 @@ class AsyncpgWriter:
             names.table,
             schema_name=names.schema,
             columns=_COPIED,
-            source=_chunks(_binary_copy(rows)),
+            source=_copy_data(rows),
             format="binary",
         )
 
