@@ -46,6 +46,10 @@ def dialect_of(name_or_url: str) -> str:
         return DIALECTS[name_or_url]
     if name_or_url in DIALECTS.values():
         return name_or_url
+    if ":" not in name_or_url:
+        raise ConfigurationError(
+            f"outboxer has no schema for {name_or_url!r}: use one of {', '.join(DIALECTS)}"
+        )
     return urls.lookup(name_or_url, "database").name
 
 

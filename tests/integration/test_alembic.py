@@ -1,0 +1,205 @@
+"""The Alembic recipe of docs/configuration.md, in a throwaway Alembic environment: ``alembic
+upgrade head`` builds the schema ``db upgrade`` builds, and ``db upgrade`` finds it current.
+
+The environment is the one ``alembic init`` writes, cut to what matters: an ``env.py`` running
+migrations online or offline, and a project migration with the project's own table beside the
+outbox (``op_upgrade``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pymysql
+import pytest
+
+from outboxer.config import TableNames
+from outboxer.stores import ddl
+from tests import catalog
+from tests.acceptance.conftest import PYTHONPATH
+from tests.conftest import MYSQL_URL, PG_URL, require_service, unique_name
+
+ENV = """
+from alembic import context
+from sqlalchemy import create_engine
+
+URL = context.config.get_main_option("sqlalchemy.url")
+SCHEMA = context.config.get_main_option("outbox_schema") or None
+
+if context.is_offline_mode():
+    context.configure(url=URL, version_table_schema=SCHEMA, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    with create_engine(URL).connect() as connection:
+        context.configure(connection=connection, version_table_schema=SCHEMA)
+        with context.begin_transaction():
+            context.run_migrations()
+"""
+
+MIGRATION = '''
+"""orders, and the outbox of their events"""
+import sqlalchemy as sa
+from alembic import context, op
+
+from outboxer.integrations.alembic import op_upgrade
+
+revision = "0001"
+down_revision = None
+
+SCHEMA = context.config.get_main_option("outbox_schema") or None
+
+
+def upgrade() -> None:
+    op.create_table("orders", sa.Column("id", sa.Integer, primary_key=True), schema=SCHEMA)
+    op_upgrade(to_version={to_version}, schema=SCHEMA)
+'''
+
+
+def alembic_env(tmp_path: Path, url: str, schema: str | None) -> Callable[..., str]:
+    """Write the environment; returns a function running ``alembic <args>`` in it."""
+    (tmp_path / "versions").mkdir(parents=True)
+    (tmp_path / "env.py").write_text(ENV)
+    (tmp_path / "script.py.mako").write_text("")
+    latest = ddl.latest_version(ddl.dialect_of(url.split("+")[0].split(":")[0]))
+    (tmp_path / "versions" / "0001_outbox.py").write_text(MIGRATION.format(to_version=latest))
+    (tmp_path / "alembic.ini").write_text(
+        f"[alembic]\nscript_location = {tmp_path}\nsqlalchemy.url = {url}\n"
+        f"outbox_schema = {schema or ''}\n"
+    )
+
+    def alembic(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "alembic", "-c", str(tmp_path / "alembic.ini"), *args],
+            capture_output=True,
+            text=True,
+            env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin"},
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    return alembic
+
+
+def outboxer(*args: str) -> str:
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "outboxer"), *args],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+class Place:
+    """Two fresh outboxes on one server: one for ``db upgrade``, one for Alembic."""
+
+    def __init__(self, dialect: str, tmp_path: Path) -> None:
+        self.dialect, self.tmp_path = dialect, tmp_path
+        self.names = [unique_name("alembic"), unique_name("reference")]
+
+    def urls(self, name: str) -> tuple[str, str, str | None]:
+        """(outboxer's URL, SQLAlchemy's URL, schema) of one of them."""
+        if self.dialect == "sqlite":
+            path = self.tmp_path / f"{name}.db"
+            return f"sqlite:///{path}", f"sqlite:///{path}", None
+        if self.dialect == "postgres":
+            return PG_URL, PG_URL.replace("postgresql:", "postgresql+psycopg:"), name
+        url = f"{MYSQL_URL.rsplit('/', 1)[0]}/{name}"
+        return url, url.replace("mysql:", "mysql+pymysql:"), None
+
+    def catalog(self, name: str) -> dict[str, Any]:
+        found = {
+            "sqlite": lambda: catalog.sqlite(self.tmp_path / f"{name}.db"),
+            "postgres": lambda: catalog.postgres(PG_URL, name),
+            "mysql": lambda: catalog.mysql(name),
+        }[self.dialect]()
+        # the project's own tables are not the outbox's
+        return {
+            kind: [row for row in rows if "orders" not in str(row) and "alembic" not in str(row)]
+            if kind != "versions"
+            else rows
+            for kind, rows in found.items()
+        }
+
+    def create(self) -> None:
+        for name in self.names:
+            self._run(
+                f'CREATE SCHEMA "{name}"'
+                if self.dialect == "postgres"
+                else f"CREATE DATABASE `{name}`"
+            )
+
+    def drop(self) -> None:
+        for name in self.names:
+            self._run(
+                f'DROP SCHEMA IF EXISTS "{name}" CASCADE'
+                if self.dialect == "postgres"
+                else f"DROP DATABASE IF EXISTS `{name}`"
+            )
+
+    def _run(self, sql: str) -> None:
+        if self.dialect == "postgres":
+            with psycopg.connect(PG_URL, autocommit=True) as conn:
+                conn.execute(sql)  # type: ignore[arg-type]
+        elif self.dialect == "mysql":
+            conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+            try:
+                conn.cursor().execute(sql)
+            finally:
+                conn.close()
+
+
+@pytest.fixture(params=["postgres", "mysql", "sqlite"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
+    if request.param == "postgres":
+        require_service("PostgreSQL", "127.0.0.1", 5432)
+    elif request.param == "mysql":
+        require_service("MariaDB", "127.0.0.1", 3306)
+    place = Place(request.param, tmp_path)
+    place.create()
+    yield place
+    place.drop()
+
+
+def test_alembic_upgrade_head_builds_the_schema_db_upgrade_builds(
+    place: Place, tmp_path: Path
+) -> None:
+    alembic_name, reference_name = place.names
+    url, sqlalchemy_url, schema = place.urls(alembic_name)
+    alembic = alembic_env(tmp_path / "alembic", sqlalchemy_url, schema)
+
+    alembic("upgrade", "head")
+
+    reference_url, _, reference_schema = place.urls(reference_name)
+    outboxer(
+        "db",
+        "upgrade",
+        "--database-url",
+        reference_url,
+        *(["--schema", reference_schema] if reference_schema else []),
+    )
+    reference = place.catalog(reference_name)
+    assert reference["versions"] == list(range(1, ddl.latest_version(place.dialect) + 1))
+    assert place.catalog(alembic_name) == reference
+    options = ["--schema", schema] if schema else []
+    assert (
+        outboxer("db", "upgrade", "--database-url", url, *options).strip()
+        == "outbox schema is up to date"
+    )
+
+
+def test_offline_mode_prints_the_ddl_of_db_sql(tmp_path: Path) -> None:
+    # alembic upgrade head --sql: the project's reviewers read the same statements
+    alembic = alembic_env(tmp_path, "postgresql+psycopg://reviewer@nowhere/app", None)
+    script = alembic("upgrade", "head", "--sql")
+    for statement in ddl.upgrade_statements("postgres", TableNames()):
+        assert statement in script
