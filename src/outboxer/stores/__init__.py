@@ -7,8 +7,9 @@ Every store package has the same shape, so a new one starts by copying it:
 - ``connection.py``: the connection seam: the URL's :class:`~outboxer.urls.UrlSpec`, the
   pool or connection, ``connection()``/``transaction()`` context managers, and the translation
   of driver errors into outboxer's (in that one place);
-- ``relay.py``, ``sweeper.py``, ``dead_letters.py`` (with the figures), ``schema.py``,
-  ``inbox.py``: one module per port of :mod:`outboxer.ports`;
+- ``relay.py``, ``sweeper.py``, ``dead_letters.py`` (with the figures), ``messages.py``,
+  ``schema.py``, ``inbox.py``: one module per port of :mod:`outboxer.ports`; what they share
+  (row mapping, pages, the lifecycle, the inbox purge loop) is in :mod:`outboxer.stores._common`;
 - ``sql/``: versioned migrations (``0001_initial.sql`` ...) and named queries
   (``queries.sql``), loaded by :mod:`outboxer.stores._sql`;
 
