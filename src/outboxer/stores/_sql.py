@@ -19,6 +19,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 
 from outboxer.config import TableNames
+from outboxer.errors import SchemaError
 
 _PLACEHOLDER = re.compile(
     r"\{(outbox|dead_letters|relays|sweeps|schema_version|notify_fn|inbox|inbox_failures"
@@ -78,12 +79,20 @@ def migrations(dialect: str) -> list[Migration]:
 
 
 def pending_migrations(dialect: str, current: int, target: int | None = None) -> list[Migration]:
-    """The migrations after version ``current``, up to ``target`` (all when ``None``), in order."""
-    return [
-        m
-        for m in migrations(dialect)
-        if m.version > current and (target is None or m.version <= target)
-    ]
+    """The migrations to apply to a schema at version ``current``, up to ``target``.
+
+    Raises:
+        SchemaError: the schema is newer than this version of outboxer knows; it is never
+            reported as up to date, since an older relay could corrupt what a newer one wrote.
+    """
+    available = migrations(dialect)
+    latest = available[-1].version
+    if current > latest:
+        raise SchemaError(
+            f"outbox schema is at version {current}, newer than this outboxer understands "
+            f"({latest}): upgrade outboxer"
+        )
+    return [m for m in available if m.version > current and (target is None or m.version <= target)]
 
 
 def queries(dialect: str, names: TableNames, quote: str = '"') -> dict[str, str]:

@@ -196,10 +196,11 @@ class MysqlDatabase:
             raise RuntimeError("MysqlStore is not open (use 'async with store:')")
         return self._pool
 
-    def lock_name(self, purpose: str) -> str:
-        """A server-wide ``GET_LOCK`` name for this outbox: named locks are not per database and
-        are at most 64 characters, so the database and table are hashed into it."""
-        owner = f"{self.database}.{self.names.table}".encode()
+    def lock_name(self, purpose: str, *, per_table: bool = True) -> str:
+        """A server-wide ``GET_LOCK`` name for this outbox (or, without ``per_table``, for every
+        outbox in its database): named locks are not per database and are at most 64
+        characters, so the database and table are hashed into it."""
+        owner = (f"{self.database}.{self.names.table}" if per_table else self.database).encode()
         return f"outboxer:{purpose}:{hashlib.sha1(owner, usedforsecurity=False).hexdigest()}"
 
     @contextlib.asynccontextmanager

@@ -36,7 +36,9 @@ class MysqlSchema(MysqlPart):
 
         ``target`` stops at that version (tests of the upgrade path).
         """
-        lock = self.db.lock_name("upgrade")
+        # One lock per database, not per table: two outboxes upgraded at once into the same new
+        # database would otherwise race on CREATE DATABASE.
+        lock = self.db.lock_name("upgrade", per_table=False)
         async with self.db.connection() as conn:
             if not await fetch_value(
                 conn,

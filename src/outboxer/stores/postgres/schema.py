@@ -22,7 +22,12 @@ class PostgresSchema(PostgresPart):
         version_table = _sql.render("{schema_version}", self.names)
         applied: list[int] = []
         async with self.db.transaction() as conn:
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", self.names.channel)
+            # One lock per schema, not per table: two outboxes upgraded at once into the same new
+            # schema would otherwise race on CREATE SCHEMA (a unique violation in pg_namespace).
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtext($1))",
+                f"outboxer.upgrade.{self.names.schema or 'public'}",
+            )
             for statement in ddl.prelude("postgres", self.names):
                 await conn.execute(statement)
             current = await conn.fetchval(f"SELECT max(version) FROM {version_table}") or 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
@@ -75,13 +76,23 @@ class SqliteDatabase:
         self._clock = clock
         self._connect = connect
         self._conn: aiosqlite.Connection | None = None
+        self._opened = False  # open() was called (the file may not exist yet)
         self._lock = asyncio.Lock()  # one transaction at a time on the shared connection
 
-    async def open(self) -> None:
+    async def open(self, *, create: bool = False) -> None:
+        """Connect, unless the database file does not exist and ``create`` is false.
+
+        Only a schema upgrade creates the file: a command that reads a mistyped path (``stats``,
+        ``dlq list``, a relay) must say the outbox is missing instead of leaving an empty file
+        behind. Until then every operation raises ``SchemaError``.
+        """
+        self._opened = True
         if self._conn is not None:
             return
         if self.path != ":memory:" and not Path(self.path).parent.exists():
             raise ConfigurationError(f"SQLite: directory of {self.path} does not exist")
+        if not create and self.path != ":memory:" and not self._exists():
+            return
         try:
             conn = await self._connect()
             conn.row_factory = sqlite3.Row
@@ -94,7 +105,12 @@ class SqliteDatabase:
             raise StoreUnavailable(f"cannot open SQLite database {self.path}: {exc}") from exc
         self._conn = conn
 
+    def _exists(self) -> bool:
+        # One stat of a local file, outside the event loop's hot path: no thread needed.
+        return os.path.exists(self.path)
+
     async def close(self) -> None:
+        self._opened = False
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
@@ -102,9 +118,15 @@ class SqliteDatabase:
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[aiosqlite.Connection]:
         """The connection, for this block alone, in autocommit."""
-        if self._conn is None:
-            raise RuntimeError("SqliteStore is not open (use 'async with store:')")
         async with self._lock:
+            if self._conn is None and self._opened and self._exists():
+                await self.open()  # created since (by 'db upgrade')
+            if self._conn is None and self._opened:
+                raise SchemaError(
+                    f"SQLite database {self.path} does not exist: run 'outboxer db upgrade'"
+                )
+            if self._conn is None:
+                raise RuntimeError("SqliteStore is not open (use 'async with store:')")
             try:
                 yield self._conn
             except sqlite3.OperationalError as exc:

@@ -19,6 +19,7 @@ class SqliteSchema(SqlitePart):
         """
         table = _sql.render("{schema_version}", self.names)
         applied = []
+        await self.db.open(create=True)  # the one operation that creates the database file
         async with self.db.transaction() as conn:
             await conn.execute(ddl.version_table("sqlite", self.names))
             async with conn.execute(f"SELECT max(version) FROM {table}") as cur:
