@@ -1,21 +1,30 @@
-"""The relay on a real MariaDB: scale-out, order, doorbell, poison, leases, the sweeper."""
+"""The relay on the server databases, PostgreSQL and MariaDB, the same tests on each:
+scale-out, per-key order, poison, leases, the sweeper, the registry. What only one database
+has (PostgreSQL's NOTIFY and commit-order gate; MySQL's commit-order claim and its doorbell) is
+tested at the end and in test_relay_postgres.py."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
+
+import asyncpg
+import pytest
 
 import outboxer
 from outboxer.config import Backoff, RelaySettings, TableNames
-from outboxer.errors import RetryablePublishError
+from outboxer.errors import PublishError, RetryablePublishError
 from outboxer.message import Message
-from outboxer.ports import Settlement
+from outboxer.ports import DatabaseStore, Settlement
 from outboxer.relay import Relay
 from outboxer.stores.mysql import MysqlStore
+from outboxer.stores.postgres import PostgresStore
 from outboxer.testing import RecordingPublisher
-from tests.conftest import mysql_connect
+from tests.conftest import mysql_connect, wait_past_commit_gate
 
 QUICK = RelaySettings(
     batch_size=500,
@@ -25,45 +34,87 @@ QUICK = RelaySettings(
 )
 
 
-async def fill(database: str, count: int, keys: int | None = None) -> list[str]:
-    """Commit ``count`` messages in write order (key = n % keys), through the asyncmy writer."""
-    conn = await mysql_connect(database)
-    try:
-        await conn.begin()
-        ids = await outboxer.Outbox(schema=database).enqueue_many_async(
-            conn,
-            [
-                {"topic": "orders", "payload": {"n": n}, "key": (n % keys) if keys else None}
-                for n in range(count)
-            ],
-        )
-        await conn.commit()
-    finally:
-        conn.close()
-    return ids
+class Server:
+    """One outbox on a server database: a migrated store, more stores of it, the application's
+    writes, and the few statements whose SQL differs."""
 
+    def __init__(self, url: str, schema: str, store: DatabaseStore) -> None:
+        self.url, self.schema, self.store = url, schema, store
+        self.mysql = url.startswith("mysql")
 
-async def run_relays(
-    url: str, database: str, publisher: Any, count: int, settings: RelaySettings
-) -> list[Any]:
-    stores = [MysqlStore(url, TableNames(schema=database)) for _ in range(count)]
-    for store in stores:
-        await store.open()
-    try:
-        relays = [Relay(store, publisher, settings) for store in stores]
-        return await asyncio.gather(*(relay.drain(timeout=120) for relay in relays))
-    finally:
+    def open_store(self) -> DatabaseStore:
+        """Another (not yet opened) store of the same outbox: another relay's."""
+        names = TableNames(schema=self.schema)
+        return MysqlStore(self.url, names) if self.mysql else PostgresStore(self.url, names)
+
+    async def fill(self, count: int, keys: int | None = None) -> list[str]:
+        """Commit ``count`` messages in write order (key = n % keys) through the write API;
+        on PostgreSQL, wait until they passed the commit-order gate."""
+        outbox = outboxer.Outbox(schema=self.schema)
+        messages = [
+            {"topic": "orders", "payload": {"n": n}, "key": (n % keys) if keys else None}
+            for n in range(count)
+        ]
+        if self.mysql:
+            conn = await mysql_connect(self.schema)
+            try:
+                await conn.begin()
+                ids = await outbox.enqueue_many_async(conn, messages)
+                await conn.commit()
+            finally:
+                conn.close()
+            return ids
+        pg = await asyncpg.connect(self.url)
+        try:
+            ids = await outbox.enqueue_many_async(pg, messages)
+        finally:
+            await pg.close()
+        assert isinstance(self.store, PostgresStore)
+        await wait_past_commit_gate(self.store)
+        return ids
+
+    async def age_dead_letters(self, ids: Sequence[str], days: int) -> None:
+        if self.mysql:
+            await self.store.execute(  # type: ignore[attr-defined]
+                "UPDATE {dead_letters} SET dead_lettered_at = UTC_TIMESTAMP(6) - INTERVAL "
+                f"{days} DAY WHERE id IN %(ids)s",
+                {"ids": tuple(ids)},
+            )
+        else:
+            await self.store.execute(  # type: ignore[attr-defined]
+                f"UPDATE {{dead_letters}} SET dead_lettered_at = now() - interval '{days} days' "
+                "WHERE id = ANY($1::text[])",
+                list(ids),
+            )
+
+    async def run_relays(self, publisher: Any, count: int, settings: RelaySettings) -> list[Any]:
+        stores = [self.open_store() for _ in range(count)]
         for store in stores:
-            await store.close()
+            await store.__aenter__()
+        try:
+            relays = [Relay(store, publisher, settings) for store in stores]
+            return await asyncio.gather(*(relay.drain(timeout=120) for relay in relays))
+        finally:
+            for store in stores:
+                await store.__aexit__(None, None, None)
+
+
+@pytest.fixture(params=["postgres", "mariadb"])
+def server(request: pytest.FixtureRequest) -> Server:
+    if request.param == "postgres":
+        names = ("pg_url", "pg_schema", "pg_store")
+    else:
+        names = ("mysql_url", "mysql_database", "mysql_store")
+    return Server(*(request.getfixturevalue(name) for name in names))
 
 
 async def test_three_relays_share_20000_messages_without_loss_or_duplicates(
-    mysql_store: MysqlStore, mysql_url: str, mysql_database: str
+    server: Server,
 ) -> None:
-    ids = await fill(mysql_database, 20_000)
+    ids = await server.fill(20_000)
     publisher = RecordingPublisher()
     settings = RelaySettings(batch_size=200, ordered=False, poll_interval=0.2)
-    counters = await run_relays(mysql_url, mysql_database, publisher, 3, settings)
+    counters = await server.run_relays(publisher, 3, settings)
     published = [m.id for m in publisher.messages]
     assert len(published) == 20_000 == len(set(published))
     assert set(published) == set(ids)
@@ -71,12 +122,10 @@ async def test_three_relays_share_20000_messages_without_loss_or_duplicates(
     print("\nshare per relay:", [c.published for c in counters])
 
 
-async def test_three_ordered_relays_keep_per_key_order(
-    mysql_store: MysqlStore, mysql_url: str, mysql_database: str
-) -> None:
-    ids = await fill(mysql_database, 6_000, keys=50)
+async def test_three_ordered_relays_keep_per_key_order(server: Server) -> None:
+    ids = await server.fill(6_000, keys=50)
     publisher = RecordingPublisher()
-    await run_relays(mysql_url, mysql_database, publisher, 3, RelaySettings(batch_size=100))
+    await server.run_relays(publisher, 3, RelaySettings(batch_size=100))
     assert len(publisher.messages) == 6_000 == len({m.id for m in publisher.messages})
     position = {message_id: n for n, message_id in enumerate(ids)}
     by_key: dict[str | None, list[int]] = collections.defaultdict(list)
@@ -85,6 +134,165 @@ async def test_three_ordered_relays_keep_per_key_order(
     assert len(by_key) == 50
     for key, order in by_key.items():
         assert order == sorted(order), f"key {key} published out of order"
+
+
+async def test_poison_dead_lettered_after_three_attempts_while_others_flow(
+    server: Server,
+) -> None:
+    outbox = outboxer.Outbox(schema=server.schema)
+    poison_message = {
+        "topic": "orders",
+        "payload": {"order": 13},
+        "key": "13",
+        "type": "OrderCreated",
+        "headers": {"a": "b"},
+    }
+    messages = [poison_message, *({"topic": "orders", "payload": {"order": n}} for n in range(50))]
+    if server.mysql:
+        conn = await mysql_connect(server.schema)
+        try:
+            await conn.begin()
+            poison, *good = await outbox.enqueue_many_async(conn, messages)
+            await conn.commit()
+        finally:
+            conn.close()
+    else:
+        pg = await asyncpg.connect(server.url)
+        try:
+            poison, *good = await outbox.enqueue_many_async(pg, messages)
+        finally:
+            await pg.close()
+
+    def reject(message: Message) -> RetryablePublishError | None:
+        return (
+            RetryablePublishError("schema registry rejected it") if message.id == poison else None
+        )
+
+    publisher = RecordingPublisher(fail=reject)
+    await Relay(server.store, publisher, QUICK).drain(timeout=30)
+    assert {m.id for m in publisher.messages} == set(good)
+    dead = await server.store.get_dead_letter(poison)
+    assert (dead.topic, dead.key, dead.type, dead.attempts) == ("orders", "13", "OrderCreated", 3)
+    assert dead.failure_reason == "schema registry rejected it"
+    assert dead.payload == b'{"order":13}'
+    assert dict(dead.headers) == {"a": "b"}
+
+
+async def test_expired_lease_is_taken_over_and_the_old_owner_cannot_settle(
+    server: Server,
+) -> None:
+    await server.fill(10)
+    store = server.store
+    stale = await store.claim_batch(limit=10, lease_seconds=0.3, ordered=True, relay_id="dead")
+    await asyncio.sleep(0.5)
+    publisher = RecordingPublisher()
+    await Relay(store, publisher, QUICK).drain(timeout=20)  # reaps the lease, publishes
+    assert len(publisher.messages) == 10
+    await store.settle(stale, Settlement(dead=[(m.id, "late") for m in stale.messages]))
+    assert (await store.stats()).dead_letters == 0
+
+
+async def test_sweeper_persists_its_report_and_only_one_relay_sweeps(server: Server) -> None:
+    [message_id] = await server.fill(1)
+    store = server.store
+    await store.claim_batch(limit=1, lease_seconds=0.1, ordered=True, relay_id="gone")
+    await asyncio.sleep(0.3)
+    assert await store.release_expired_leases() == 1
+    again = await store.claim_batch(limit=1, lease_seconds=30, ordered=True, relay_id="r")
+    await store.settle(again, Settlement(dead=[(message_id, "rejected")]))
+
+    async def sweep(name: str) -> object:
+        async with server.open_store() as other:
+            return await other.sweep(sweeper=name, interval=60, retention_seconds=0, batch_size=50)
+
+    reports = await asyncio.gather(*(sweep(f"relay-{n}") for n in range(4)))
+    done = [r for r in reports if r is not None]
+    assert len(done) == 1, "exactly one relay swept"
+    report = done[0]
+    assert (report.publish_retries, report.publish_failures) == (1, 1)  # type: ignore[attr-defined]
+    assert await store.sweep(sweeper="x", interval=60, retention_seconds=0, batch_size=50) is None
+    async with server.open_store() as fresh:  # "a restart"
+        persisted = await fresh.last_sweep()
+        stats = await fresh.stats()
+    assert persisted == report
+    assert stats.last_sweep == report
+    assert stats.to_json()["last_sweep"]["publish_failures"] == 1
+
+
+async def test_sweeper_purges_dead_letters_past_retention_in_batches(server: Server) -> None:
+    ids = await server.fill(120)
+    store = server.store
+    claim = await store.claim_batch(limit=120, lease_seconds=30, ordered=False, relay_id="r")
+    await store.settle(claim, Settlement(dead=[(i, "bad") for i in ids]))
+    await server.age_dead_letters(ids[:100], days=2)
+    for _ in range(2):
+        report = await store.sweep(
+            sweeper="s", interval=0.001, retention_seconds=86400, batch_size=50
+        )
+        assert report is not None and report.purged == 50
+        await asyncio.sleep(0.01)
+    assert (await store.stats()).dead_letters == 20  # the young ones stay
+
+
+async def test_stats_flag_work_nobody_owns(server: Server) -> None:
+    await server.fill(5)
+    store = server.store
+    live = Relay(store, RecordingPublisher())
+    await store.heartbeat(live.info)
+    await store.claim_batch(limit=2, lease_seconds=30, ordered=True, relay_id=live.relay_id)
+    await store.claim_batch(limit=3, lease_seconds=30, ordered=True, relay_id="crashed")
+    stats = await store.stats()
+    assert stats.in_flight == 5
+    assert stats.unowned_in_flight == 3
+    [relay] = stats.relays
+    assert (relay.relay_id, relay.in_flight) == (live.relay_id, 2)
+
+
+async def test_a_publish_slower_than_the_lease_is_published_once(server: Server) -> None:
+    lease = 1.0
+    ids = await server.fill(20)
+    slow_id = ids[0]
+
+    class SlowWebhook(RecordingPublisher):
+        """One message takes three leases to be acknowledged."""
+
+        async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+            if any(m.id == slow_id for m in messages):
+                await asyncio.sleep(3 * lease)
+            return await super().publish(messages)
+
+    publisher = SlowWebhook()
+    settings = replace(
+        QUICK, batch_size=5, lease_seconds=lease, heartbeat_interval=lease / 4, ordered=False
+    )
+    await server.run_relays(publisher, 2, settings)  # both drain the outbox
+    published = collections.Counter(m.id for m in publisher.messages)
+    assert published[slow_id] == 1  # the other relay never took it over
+    assert set(published) == set(ids) and max(published.values()) == 1
+
+
+# -- MySQL only -----------------------------------------------------------------------------------
+
+
+async def test_the_mysql_doorbell_wakes_an_idle_relay_long_before_its_poll(
+    mysql_store: MysqlStore, mysql_url: str, mysql_database: str
+) -> None:
+    server = Server(mysql_url, mysql_database, mysql_store)
+    publisher = RecordingPublisher()
+    # Poll only every 60 s: a delivery within 10 s can only come from the doorbell.
+    settings = RelaySettings(poll_interval=60, min_poll_interval=60, heartbeat_interval=5)
+    relay = Relay(mysql_store, publisher, settings)
+    task = asyncio.create_task(relay.run())
+    try:
+        await asyncio.sleep(0.5)  # the relay is idle
+        [message_id] = await server.fill(1)
+        started = time.monotonic()
+        while not publisher.messages and time.monotonic() - started < 10:
+            await asyncio.sleep(0.01)
+        assert [m.id for m in publisher.messages] == [message_id]
+    finally:
+        relay.stop()
+        await task
 
 
 async def test_writers_racing_on_one_key_are_published_in_write_order(
@@ -127,132 +335,3 @@ async def test_writers_racing_on_one_key_are_published_in_write_order(
     assert len(published) == 800 == len(set(published))
     written = [r["id"] for r in await mysql_store.execute(f"SELECT id FROM {seen} ORDER BY seq")]
     assert published == written
-
-
-async def test_poison_dead_lettered_after_three_attempts_while_others_flow(
-    mysql_store: MysqlStore, mysql_database: str
-) -> None:
-    conn = await mysql_connect(mysql_database)
-    outbox = outboxer.Outbox(schema=mysql_database)
-    try:
-        await conn.begin()
-        poison = await outbox.enqueue_async(
-            conn, "orders", {"order": 13}, key="13", type="OrderCreated", headers={"a": "b"}
-        )
-        good = [await outbox.enqueue_async(conn, "orders", {"order": n}) for n in range(50)]
-        await conn.commit()
-    finally:
-        conn.close()
-
-    def reject(message: Message) -> RetryablePublishError | None:
-        return (
-            RetryablePublishError("schema registry rejected it") if message.id == poison else None
-        )
-
-    publisher = RecordingPublisher(fail=reject)
-    await Relay(mysql_store, publisher, QUICK).drain(timeout=30)
-    assert {m.id for m in publisher.messages} == set(good)
-    dead = await mysql_store.get_dead_letter(poison)
-    assert (dead.topic, dead.key, dead.type, dead.attempts) == ("orders", "13", "OrderCreated", 3)
-    assert dead.failure_reason == "schema registry rejected it"
-    assert dead.payload == b'{"order":13}'
-    assert dict(dead.headers) == {"a": "b"}
-
-
-async def test_the_doorbell_wakes_an_idle_relay_long_before_its_poll(
-    mysql_store: MysqlStore, mysql_database: str
-) -> None:
-    publisher = RecordingPublisher()
-    # Poll only every 60 s: a delivery within 10 s can only come from the doorbell.
-    settings = RelaySettings(poll_interval=60, min_poll_interval=60, heartbeat_interval=5)
-    relay = Relay(mysql_store, publisher, settings)
-    task = asyncio.create_task(relay.run())
-    try:
-        await asyncio.sleep(0.5)  # the relay is idle
-        [message_id] = await fill(mysql_database, 1)
-        started = time.monotonic()
-        while not publisher.messages and time.monotonic() - started < 10:
-            await asyncio.sleep(0.01)
-        assert [m.id for m in publisher.messages] == [message_id]
-        print(f"\nfirst message after idle: {1000 * (time.monotonic() - started):.0f} ms")
-    finally:
-        relay.stop()
-        await task
-
-
-async def test_expired_lease_is_taken_over_and_the_old_owner_cannot_settle(
-    mysql_store: MysqlStore, mysql_database: str
-) -> None:
-    await fill(mysql_database, 10)
-    stale = await mysql_store.claim_batch(
-        limit=10, lease_seconds=0.3, ordered=True, relay_id="dead"
-    )
-    await asyncio.sleep(0.5)
-    publisher = RecordingPublisher()
-    await Relay(mysql_store, publisher, QUICK).drain(timeout=20)  # reaps the lease, publishes
-    assert len(publisher.messages) == 10
-    await mysql_store.settle(stale, Settlement(dead=[(m.id, "late") for m in stale.messages]))
-    assert (await mysql_store.stats()).dead_letters == 0
-
-
-async def test_sweeper_persists_its_report_and_only_one_relay_sweeps(
-    mysql_store: MysqlStore, mysql_url: str, mysql_database: str
-) -> None:
-    [message_id] = await fill(mysql_database, 1)
-    await mysql_store.claim_batch(limit=1, lease_seconds=0.1, ordered=True, relay_id="gone")
-    await asyncio.sleep(0.3)
-    assert await mysql_store.release_expired_leases() == 1
-    again = await mysql_store.claim_batch(limit=1, lease_seconds=30, ordered=True, relay_id="r")
-    await mysql_store.settle(again, Settlement(dead=[(message_id, "rejected")]))
-
-    async def sweep(name: str) -> object:
-        async with MysqlStore(mysql_url, TableNames(schema=mysql_database)) as store:
-            return await store.sweep(sweeper=name, interval=60, retention_seconds=0, batch_size=50)
-
-    reports = await asyncio.gather(*(sweep(f"relay-{n}") for n in range(4)))
-    done = [r for r in reports if r is not None]
-    assert len(done) == 1, "exactly one relay swept"
-    report = done[0]
-    assert (report.publish_retries, report.publish_failures) == (1, 1)  # type: ignore[attr-defined]
-    assert (
-        await mysql_store.sweep(sweeper="x", interval=60, retention_seconds=0, batch_size=50)
-        is None
-    )
-    async with MysqlStore(mysql_url, TableNames(schema=mysql_database)) as fresh:  # "a restart"
-        persisted = await fresh.last_sweep()
-        stats = await fresh.stats()
-    assert persisted == report
-    assert stats.last_sweep == report
-
-
-async def test_sweeper_purges_dead_letters_past_retention_in_batches(
-    mysql_store: MysqlStore, mysql_database: str
-) -> None:
-    ids = await fill(mysql_database, 120)
-    claim = await mysql_store.claim_batch(limit=120, lease_seconds=30, ordered=False, relay_id="r")
-    await mysql_store.settle(claim, Settlement(dead=[(i, "bad") for i in ids]))
-    await mysql_store.execute(
-        "UPDATE {dead_letters} SET dead_lettered_at = UTC_TIMESTAMP(6) - INTERVAL 2 DAY "
-        "WHERE id IN %(ids)s",
-        {"ids": tuple(ids[:100])},
-    )
-    for _ in range(2):
-        report = await mysql_store.sweep(
-            sweeper="s", interval=0.001, retention_seconds=86400, batch_size=50
-        )
-        assert report is not None and report.purged == 50
-        await asyncio.sleep(0.01)
-    assert (await mysql_store.stats()).dead_letters == 20  # the young ones stay
-
-
-async def test_stats_flag_work_nobody_owns(mysql_store: MysqlStore, mysql_database: str) -> None:
-    await fill(mysql_database, 5)
-    live = Relay(mysql_store, RecordingPublisher())
-    await mysql_store.heartbeat(live.info)
-    await mysql_store.claim_batch(limit=2, lease_seconds=30, ordered=True, relay_id=live.relay_id)
-    await mysql_store.claim_batch(limit=3, lease_seconds=30, ordered=True, relay_id="crashed")
-    stats = await mysql_store.stats()
-    assert stats.in_flight == 5
-    assert stats.unowned_in_flight == 3
-    [relay] = stats.relays
-    assert (relay.relay_id, relay.in_flight) == (live.relay_id, 2)
