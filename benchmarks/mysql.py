@@ -1,0 +1,226 @@
+"""MariaDB against PostgreSQL, side by side in one run: relay throughput and the claim's cost.
+
+For each database, on a pre-filled outbox of 20,000 messages over 1,000 keys:
+
+- ``claim``: one ``claim_batch`` of 500 and its acknowledgement, per message (median of 20);
+- ``null``: one relay draining to a publisher that acknowledges at once (the database-side
+  ceiling of the relay);
+- ``redis``, ``kafka``: one relay draining to Redis Streams and to Kafka (Tansu);
+
+each ordered (the default) and unordered; and the write overhead: 2,000 one-row business
+transactions on one connection, alone and with an ``enqueue`` (asyncpg / asyncmy).
+
+Run: ``.venv/bin/python -m benchmarks.mysql [claim null redis kafka write]``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import asyncmy
+import asyncpg
+
+import outboxer
+from benchmarks.brokers import kafka, redis
+from benchmarks.common import PAYLOAD, PG_URL, NullPublisher, save
+from outboxer.brokers import publisher_from_url
+from outboxer.config import RelaySettings, TableNames
+from outboxer.ports import DatabaseStore, Settlement
+from outboxer.relay import Relay
+from outboxer.stores.mysql import MysqlStore
+from outboxer.stores.postgres import PostgresStore
+
+MYSQL_URL = "mysql://root@127.0.0.1:3306/test"
+COUNT = 20_000
+KEYS = 1000
+WRITES = 2000
+
+
+@contextlib.asynccontextmanager
+async def connect(database: str, schema: str) -> AsyncIterator[Any]:
+    """An application's connection to ``schema`` (a PostgreSQL schema or a MySQL database)."""
+    if database == "postgres":
+        pg = await asyncpg.connect(PG_URL)
+        try:
+            yield pg
+        finally:
+            await pg.close()
+        return
+    my = await asyncmy.connect(host="127.0.0.1", user="root", database=schema, autocommit=True)
+    try:
+        yield my
+    finally:
+        my.close()
+
+
+@contextlib.asynccontextmanager
+async def fresh(database: str) -> AsyncIterator[tuple[str, Callable[[], DatabaseStore]]]:
+    """A new, migrated outbox; yields its schema and a store factory. Dropped afterwards."""
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    names = TableNames(schema=schema)
+
+    def store() -> DatabaseStore:
+        if database == "postgres":
+            return PostgresStore(PG_URL, names)
+        return MysqlStore(MYSQL_URL, names)
+
+    async with store() as created:
+        await created.migrate()
+    try:
+        yield schema, store
+    finally:
+        async with connect(database, schema) as conn:
+            drop = f'DROP SCHEMA "{schema}" CASCADE' if database == "postgres" else None
+            if drop:
+                await conn.execute(drop)
+            else:
+                async with conn.cursor() as cur:
+                    await cur.execute(f"DROP DATABASE `{schema}`")
+
+
+async def fill(database: str, schema: str, topic: str = "orders") -> None:
+    """Commit COUNT messages over KEYS keys through the write API, in one transaction."""
+    messages = [
+        {
+            "topic": topic,
+            "payload": {**PAYLOAD, "order_id": n},
+            "key": n % KEYS,
+            "type": "OrderCreated",
+        }
+        for n in range(COUNT)
+    ]
+    outbox = outboxer.Outbox(schema=schema)
+    async with connect(database, schema) as conn:
+        if database == "postgres":
+            async with conn.transaction():
+                await outbox.enqueue_many_async(conn, messages)
+            await conn.execute(f'VACUUM ANALYZE "{schema}".outbox')
+        else:
+            await conn.begin()
+            await outbox.enqueue_many_async(conn, messages)
+            await conn.commit()
+            async with conn.cursor() as cur:
+                await cur.execute(f"ANALYZE TABLE `{schema}`.outbox")
+
+
+async def drain(store: DatabaseStore, publisher: Any, ordered: bool) -> float:
+    """msg/s of one relay draining the outbox."""
+    relay = Relay(store, publisher, RelaySettings(ordered=ordered))
+    started = time.perf_counter()
+    counters = await relay.drain(timeout=600)
+    elapsed = time.perf_counter() - started
+    if counters.published != COUNT:
+        raise RuntimeError(f"published {counters.published} of {COUNT}")
+    return COUNT / elapsed
+
+
+async def claim_cost(database: str, ordered: bool) -> dict[str, Any]:
+    samples = []
+    async with fresh(database) as (schema, store):
+        await fill(database, schema)
+        async with store() as opened:
+            for _ in range(20):
+                started = time.perf_counter()
+                claim = await opened.claim_batch(
+                    limit=500, lease_seconds=30, ordered=ordered, relay_id="bench"
+                )
+                claimed = time.perf_counter()
+                await opened.settle(claim, Settlement(published=[m.id for m in claim.messages]))
+                settled = time.perf_counter()
+                count = len(claim.messages)
+                samples.append(((claimed - started) / count, (settled - claimed) / count))
+    return {
+        "claim_us_per_msg": round(statistics.median(s[0] for s in samples) * 1e6, 2),
+        "ack_us_per_msg": round(statistics.median(s[1] for s in samples) * 1e6, 2),
+    }
+
+
+async def relay_rate(database: str, broker: str, ordered: bool) -> dict[str, Any]:
+    async with contextlib.AsyncExitStack() as stack:
+        if broker == "null":
+            url, topic = None, "orders"
+        else:
+            url, new_topic = await stack.enter_async_context(BROKERS[broker]())
+            topic = new_topic()
+        schema, store = await stack.enter_async_context(fresh(database))
+        await fill(database, schema, topic)
+        if url is None:
+            publisher: Any = NullPublisher()
+        else:
+            publisher = await stack.enter_async_context(publisher_from_url(url))
+        opened = await stack.enter_async_context(store())
+        return {"msg_per_s": round(await drain(opened, publisher, ordered))}
+
+
+async def write_overhead(database: str) -> dict[str, Any]:
+    """One-row business transactions on one connection: alone, then each with an enqueue."""
+    async with fresh(database) as (schema, _), connect(database, schema) as conn:
+        outbox = outboxer.Outbox(schema=schema)
+        if database == "postgres":
+            await conn.execute(f'CREATE TABLE "{schema}".orders (id bigint, total numeric)')
+            insert = f'INSERT INTO "{schema}".orders VALUES ($1, $2)'
+
+            async def business(n: int, with_message: bool) -> None:
+                async with conn.transaction():
+                    await conn.execute(insert, n, 99)
+                    if with_message:
+                        await outbox.enqueue_async(conn, "orders", {"order_id": n}, key=n)
+
+        else:
+            async with conn.cursor() as cur:
+                await cur.execute(f"CREATE TABLE `{schema}`.orders (id BIGINT, total DECIMAL)")
+            insert = f"INSERT INTO `{schema}`.orders VALUES (%s, %s)"
+
+            async def business(n: int, with_message: bool) -> None:
+                await conn.begin()
+                async with conn.cursor() as cur:
+                    await cur.execute(insert, (n, 99))
+                if with_message:
+                    await outbox.enqueue_async(conn, "orders", {"order_id": n}, key=n)
+                await conn.commit()
+
+        rates = {}
+        for with_message in (False, True):
+            started = time.perf_counter()
+            for n in range(WRITES):
+                await business(n, with_message)
+            rates[with_message] = WRITES / (time.perf_counter() - started)
+    return {
+        "business_tx_per_s": round(rates[False]),
+        "with_enqueue_tx_per_s": round(rates[True]),
+        "ratio": round(rates[True] / rates[False], 2),
+    }
+
+
+BROKERS = {"redis": redis, "kafka": kafka}
+PARTS = ("claim", "null", "redis", "kafka", "write")
+
+
+async def main(parts: list[str]) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    for part in parts:
+        for database in ("postgres", "mariadb"):
+            for ordered in (True, False) if part != "write" else (True,):
+                if part == "claim":
+                    figures = await claim_cost(database, ordered)
+                elif part == "write":
+                    figures = await write_overhead(database)
+                else:
+                    figures = await relay_rate(database, part, ordered)
+                row = {"part": part, "database": database, "ordered": ordered, **figures}
+                rows.append(row)
+                print(row, flush=True)
+    result = {"count": COUNT, "keys": KEYS, "rows": rows}
+    save("mysql", result)
+    return result
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1:] or list(PARTS)))
