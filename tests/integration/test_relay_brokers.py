@@ -328,11 +328,15 @@ def database(request: pytest.FixtureRequest) -> Database:
 
 
 @contextlib.contextmanager
-def relay_process(args: list[str], log: Path) -> Any:
+def relay_process(args: list[str], log: Path, level: str = "info") -> Any:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [OUTBOXER, "relay", *args], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+            [OUTBOXER, "--log-level", level, "relay", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
         )
     try:
         yield proc
@@ -385,7 +389,7 @@ async def test_broker_outage_of_20_seconds_loses_nothing_and_backs_off(
             "--outage-cap",
             "4",
         ]
-        with relay_process(args, log):
+        with relay_process(args, log, level="debug"):  # every backoff round, not only the first
             ids = await database.write(topic, 0, 1500)
             await drained(store, 60)
             await proxy.cut()
@@ -409,3 +413,9 @@ async def test_broker_outage_of_20_seconds_loses_nothing_and_backs_off(
     assert 3 <= len(pauses) <= 12, f"backoff attempts during a 20 s cut: {pauses}"
     assert pauses[:3] == [1.0, 2.0, 4.0] and set(pauses[3:]) <= {4.0}, pauses
     assert set(delivered) == set(ids), "nothing lost"
+    # What an operator sees at the default level: the outage once when it starts, once when it
+    # ends, and no stream of client errors (librdkafka reconnects are paced and at DEBUG).
+    warnings = [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
+    assert sum("broker unavailable" in line for line in warnings) == 1, warnings
+    assert sum("broker is back" in line for line in warnings) == 1, warnings
+    assert len(warnings) <= 10, warnings

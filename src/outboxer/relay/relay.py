@@ -580,7 +580,7 @@ class Relay:
             self._broker_down(outage)
             return True
         if published and self._outage_failures:
-            log.info("broker is back after %d failed rounds", self._outage_failures)
+            log.warning("broker is back after %d failed rounds", self._outage_failures)
             self._outage_failures = 0
             self.observer.outage(0, 0.0)
         return False
@@ -594,7 +594,16 @@ class Relay:
         delay = self.settings.outage.delay(self._outage_failures)
         self._outage_until = now + delay
         self.observer.outage(self._outage_failures, delay)
-        log.warning("broker unavailable (%s): pausing %.1fs", error, delay)
+        # Once per state change: the first failed round is a warning, the rounds after it (up
+        # to one a minute for as long as the outage lasts) are debug lines, and "broker is back"
+        # closes the outage. The outage gauge shows it meanwhile.
+        log.log(
+            logging.WARNING if self._outage_failures == 1 else logging.DEBUG,
+            "broker unavailable (%s): pausing %.1fs (backing off up to %.0fs until it is back)",
+            error,
+            delay,
+            self.settings.outage.cap,
+        )
 
     async def _settle(self, claim: Claim, settlement: Settlement) -> None:
         """Settle, retrying while the database is away and the lease still holds."""

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from outboxer.brokers.kafka._client_log import client_log as quiet_client_log
 from outboxer.brokers.kafka.settings import KafkaConsumerSettings
 from outboxer.brokers.kafka.wire import decode
 from outboxer.errors import ConfigurationError
@@ -52,7 +53,7 @@ from outboxer.message import Message
 __all__ = ["KafkaConsumer"]
 
 log = logging.getLogger("outboxer.consumer.kafka")
-client_log = logging.getLogger("outboxer.consumer.kafka.librdkafka")
+client_log = quiet_client_log("outboxer.consumer.kafka.librdkafka")
 
 T = TypeVar("T")
 

@@ -102,6 +102,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from outboxer.brokers.kafka._client_log import client_log as quiet_client_log
 from outboxer.brokers.kafka.settings import KafkaSettings
 from outboxer.brokers.kafka.wire import header_encoder
 from outboxer.errors import (
@@ -116,8 +117,8 @@ from outboxer.message import Message
 __all__ = ["KafkaPublisher"]
 
 log = logging.getLogger(__name__)
-#: librdkafka's own log lines (connection failures, ...) are routed here rather than to stderr.
-client_log = logging.getLogger(f"{__name__}.librdkafka")
+#: librdkafka's own log lines are routed here rather than to stderr (reconnect noise at DEBUG).
+client_log = quiet_client_log(f"{__name__}.librdkafka")
 
 DEFAULT_PORT = 9092
 
@@ -241,7 +242,8 @@ class _Producer:
                 f"({self.last_error or error.str()})"
             )
             if self.broken is None:
-                log.warning("%s", reason)
+                # The relay logs the outage once (the reason travels in BrokerUnavailable).
+                log.debug("%s", reason)
             # Queued records cannot be sent: fail them now rather than after delivery_timeout.
             self.mark_broken(reason, down=True)
         else:
@@ -454,7 +456,7 @@ class KafkaPublisher:
         if current is not None and current.broken is None:
             return current
         if current is not None:
-            log.info("replacing the Kafka producer (%s)", current.broken)
+            log.debug("replacing the Kafka producer (%s)", current.broken)
             current.retire()
             self._retiring = [p for p in self._retiring if not p.closed]
             self._retiring.append(current)

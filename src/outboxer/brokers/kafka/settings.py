@@ -218,6 +218,10 @@ class KafkaSettings:
             "compression.type": self.compression,
             # Idle connections closed by the broker are normal, not worth an error log line.
             "log.connection.close": False,
+            # While a broker is down, reconnect at the pace of the relay's outage backoff
+            # (doubling up to its 60 s cap) rather than librdkafka's 0.1 s doubling to 10 s.
+            "reconnect.backoff.ms": 500,
+            "reconnect.backoff.max.ms": 60_000,
         }
         if self.security_protocol is not None:
             config["security.protocol"] = self.security_protocol
