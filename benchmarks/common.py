@@ -36,7 +36,7 @@ PAYLOAD = {
     "total": 99.95,
     "currency": "EUR",
     "items": [{"sku": "SKU-0001", "qty": 2}],
-}  # ≈120 bytes of JSON, like DESIGN's runs
+}  # ≈120 bytes of JSON, like the runs in docs/benchmarks.md
 
 
 class NullPublisher:

@@ -4,7 +4,7 @@ A writer process commits one-message transactions at a fixed rate (1 ms apart, s
 absolute times) and records each commit's wall-clock time; in this process a relay with default
 settings publishes them, and a thin wrapper around the real publisher records the wall-clock time
 at which the broker acknowledged each message. Latency = ack - commit, over 10 s after a 1 s
-warm-up. Target (DESIGN): p50 ≤ 5 ms, p99 ≤ 25 ms.
+warm-up. Target: p50 ≤ 5 ms, p99 ≤ 25 ms.
 
 Run: ``.venv/bin/python -m benchmarks.latency [kafka rabbitmq nats redis]``
 """

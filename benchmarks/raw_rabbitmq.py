@@ -15,7 +15,7 @@ at the end; runs are interleaved and the best of each is kept, so neither profit
 
 ``--compare`` also measures pika's plain ``basic_publish``, pika with all 20,000 messages in
 flight (no window), and the other asyncio clients on the same setup, each at its best shape
-found here: aio-pika (``exchange.publish`` with confirms, 500 concurrent, as in DESIGN) and
+found here: aio-pika (``exchange.publish`` with confirms, 500 concurrent) and
 aiormq directly (``basic_publish`` gathered in batches of 500, 4 batches in flight). That
 comparison is why the adapter uses pika.
 

@@ -249,8 +249,8 @@ class RelaySettings:
         heartbeat_interval: How often the relay refreshes its registry row and reaps leases;
             at most a third of ``lease_seconds``, so a short lease is renewed in time.
         shutdown_timeout: On stop, how long in-flight batches may take before being released.
-        sweep_interval: How often one of the relays sweeps (DESIGN: every minute).
-        sweep_batch_size: Rows a sweep handles per kind (DESIGN: batches of 50).
+        sweep_interval: How often one of the relays sweeps (every minute by default).
+        sweep_batch_size: Rows a sweep handles per kind (50 by default).
         dead_letter_retention: Dead letters older than this many seconds are purged by the
             sweeper; 0 keeps them forever.
         hold_keys_after_dead_letter: Ordered mode: when a keyed message is dead-lettered, hold

@@ -242,7 +242,7 @@ class SweepReport:
 class OutboxStats:
     """What ``outboxer stats`` and ``GET /api/stats`` report.
 
-    ``unowned_in_flight`` (an addition to DESIGN's shape) counts messages leased by a relay whose
+    ``unowned_in_flight`` (beyond the core figures) counts messages leased by a relay whose
     heartbeat stopped: work nobody owns until the lease expires and the sweeper takes it back.
     """
 

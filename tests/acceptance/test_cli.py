@@ -322,7 +322,7 @@ def test_purge_asks_before_deleting(cli: Cli, sqlite_url: str) -> None:
             ["invalid cursor"],
         ),
         (["dlq", "replay", "--database-url", "sqlite:///UPGRADED", "nope"], 1, ["no dead letter"]),
-        # Numbers that would break the relay later are refused at start (issue 9).
+        # Numbers that would break the relay later are refused at start.
         (["relay", *RELAY, "--retry-cap", "nan"], 2, ["--retry-cap", "finite"]),
         (["relay", *RELAY, "--retry-base", "nan"], 2, ["--retry-base", "finite"]),
         (["relay", *RELAY, "--dead-letter-retention", "1e300"], 2, ["--dead-letter-retention"]),

@@ -1,4 +1,4 @@
-"""Schema upgrades under the faults issue 9 found: concurrent upgrades into one new schema, a
+"""Schema upgrades under the faults found by trying: concurrent upgrades into one new schema, a
 schema newer than the package, and a mistyped SQLite path."""
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def test_package_is_typed() -> None:
 
 
 def test_the_write_api_of_the_contract_is_exported() -> None:
-    # DESIGN's contract: enqueue/enqueue_async, and enqueue_many/enqueue_many_async for bulk
+    # The documented contract: enqueue/enqueue_async, and enqueue_many/enqueue_many_async for bulk
     write_api = {"Outbox", "enqueue", "enqueue_async", "enqueue_many", "enqueue_many_async"}
     assert write_api <= set(outboxer.__all__)
     for name in write_api - {"Outbox"}:

@@ -1,6 +1,6 @@
 """Request and response bodies of the admin API, as published in its OpenAPI schema.
 
-The response models describe the JSON shapes of DESIGN's contract (``DeadLetter.to_json()``,
+The response models describe the JSON shapes of the public contract (``DeadLetter.to_json()``,
 ``OutboxStats.to_json()``); the store's ``to_json`` stays the single source of the values, these
 models only document and check them. ``extra="allow"`` on the stats shapes lets figures the
 stores add later (e.g. a ``published_total`` counter) pass through without an API change.
@@ -58,7 +58,7 @@ class Problem(BaseModel):
 
 
 class DeadLetterOut(BaseModel):
-    """A dead letter, as in DESIGN's contract; ``payload`` is JSON, text, or ``{"base64": …}``."""
+    """A dead letter, as ``dlq show --json`` prints it; ``payload`` is JSON, text or base64."""
 
     id: str
     topic: str

@@ -21,7 +21,7 @@ field             value
                   is a real, empty key)
 ``payload``       the payload bytes, unchanged (may be binary; see ``content_type``)
 ``headers``       user headers as a JSON object, ``{}`` when there are none
-``content_type``  MIME type of ``payload`` (an addition to the DESIGN table)
+``content_type``  MIME type of ``payload`` (not in the other brokers' tables)
 ================  ========================================================================
 
 The stream entry id (``<ms>-<seq>``) is chosen by Redis (``*``). With ``?maxlen=N`` each

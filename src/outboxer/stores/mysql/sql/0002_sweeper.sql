@@ -1,7 +1,7 @@
 -- outboxer schema version 2 (MySQL/MariaDB): the sweeper's state. No commit-order column: the
 -- ordered claim itself cannot overtake a row still being written (docs/adr/0003).
 
--- One row per sweeper: what its last sweep did (DESIGN: "persisted and survives restarts").
+-- One row per sweeper: what its last sweep did (persisted, so it survives restarts).
 CREATE TABLE IF NOT EXISTS {sweeps} (
     name                    VARCHAR(64)  NOT NULL,
     started_at              DATETIME(6),

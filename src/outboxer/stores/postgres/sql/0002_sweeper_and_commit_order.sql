@@ -7,7 +7,7 @@
 ALTER TABLE {outbox} ADD COLUMN txid xid8;
 ALTER TABLE {outbox} ALTER COLUMN txid SET DEFAULT pg_current_xact_id();
 
--- One row per sweeper: what its last sweep did (DESIGN: "persisted and survives restarts").
+-- One row per sweeper: what its last sweep did (persisted, so it survives restarts).
 CREATE TABLE {sweeps} (
     name                    text        PRIMARY KEY,
     started_at              timestamptz,
