@@ -30,7 +30,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from outboxer._ids import new_message_id
+from outboxer._ids import new_message_id, new_message_ids
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
 from outboxer.message import Row, encode_headers, encode_payload
@@ -109,6 +109,7 @@ def _row(
     available_at: object = None,
     *,
     trace: dict[str, str] | None,
+    fresh_id: str | None = None,
 ) -> Row:
     if not isinstance(topic, str) or not topic:
         raise ConfigurationError("topic must be a non-empty string")
@@ -126,7 +127,7 @@ def _row(
             raise ConfigurationError("type must be a string or None")
         _text(type, "type")
     if id is None:
-        id = new_message_id()  # noqa: A001
+        id = fresh_id or new_message_id()  # noqa: A001
     elif not isinstance(id, str) or not id:
         raise ConfigurationError("id must be a non-empty string or None")
     else:
@@ -189,7 +190,9 @@ class Outbox:
         Raises:
             ConfigurationError: naming the position of the first message refused.
         """
+        messages = list(messages)
         trace = trace_headers()  # one span for the whole call: looked up once
+        fresh_ids = new_message_ids(len(messages))  # (a message with its own id skips one)
         rows, ids = [], set()
         for n, message in enumerate(messages):
             try:
@@ -200,7 +203,7 @@ class Outbox:
                         f"has {sorted(map(str, message))}; topic and payload are required, "
                         f"the others are among {sorted(_OPTIONS - _REQUIRED)}"
                     )
-                row = _row(**message, trace=trace)
+                row = _row(**message, trace=trace, fresh_id=fresh_ids[n])
                 if row.id in ids:
                     raise ConfigurationError(f"id {row.id!r} appears twice")
             except ConfigurationError as exc:
