@@ -72,37 +72,42 @@ class Option:
 
     def convert(self, raw: str, what: str) -> Any:
         """The typed value of ``raw``; raises one readable ``ConfigurationError``."""
-        shown = MASK if self.secret else repr(raw)
+        problem = f"{what}: {self.name}={MASK if self.secret else repr(raw)}"
         if self.kind == "str":
-            if self.choices is None:
-                return raw
-            for choice in self.choices:
-                if choice.lower() == raw.strip().lower():
-                    return choice
-            raise ConfigurationError(
-                f"{what}: {self.name}={shown} is not one of " + ", ".join(self.choices)
-            )
+            return self._text(raw, problem)
         if self.kind == "bool":
-            value = raw.strip().lower()
-            if value in _TRUE:
-                return True
-            if value in _FALSE:
-                return False
-            raise ConfigurationError(f"{what}: {self.name}={shown}: use true or false")
+            return self._bool(raw, problem)
+        return self._number(raw, problem)
+
+    def _text(self, raw: str, problem: str) -> str:
+        if self.choices is None:
+            return raw
+        for choice in self.choices:
+            if choice.lower() == raw.strip().lower():
+                return choice
+        raise ConfigurationError(f"{problem} is not one of " + ", ".join(self.choices))
+
+    @staticmethod
+    def _bool(raw: str, problem: str) -> bool:
+        value = raw.strip().lower()
+        if value in _TRUE or value in _FALSE:
+            return value in _TRUE
+        raise ConfigurationError(f"{problem}: use true or false")
+
+    def _number(self, raw: str, problem: str) -> float:
         number: float
         try:
             number = int(raw) if self.kind == "int" else float(raw)
         except ValueError:
             kind = "an integer" if self.kind == "int" else "a number"
-            raise ConfigurationError(f"{what}: {self.name}={shown} is not {kind}") from None
+            raise ConfigurationError(f"{problem} is not {kind}") from None
         if not math.isfinite(number):
-            raise ConfigurationError(f"{what}: {self.name}={shown} must be a finite number")
-        if (self.minimum is not None and number < self.minimum) or (
-            self.maximum is not None and number > self.maximum
-        ):
+            raise ConfigurationError(f"{problem} must be a finite number")
+        low = -math.inf if self.minimum is None else self.minimum
+        high = math.inf if self.maximum is None else self.maximum
+        if not low <= number <= high:
             raise ConfigurationError(
-                f"{what}: {self.name}={shown} is out of range "
-                f"({_bound(self.minimum)} to {_bound(self.maximum)})"
+                f"{problem} is out of range ({_bound(self.minimum)} to {_bound(self.maximum)})"
             )
         return number
 
@@ -230,6 +235,34 @@ def parse(url: str, spec: UrlSpec) -> ParsedUrl:
     Raises:
         ConfigurationError: one line naming the problem; the password never appears in it.
     """
+    scheme, rest = _scheme_and_rest(url, spec)
+    rest, _, query = rest.partition("?")
+    # Credentials end at the last "@": a password may hold "/" or ":" (an "@" inside it must be
+    # percent-encoded, as everywhere else), so the authority cannot be cut at the first "/".
+    at = rest.rfind("@") if spec.credentials else -1
+    userinfo, hostpart = (rest[:at], rest[at + 1 :]) if at >= 0 else (None, rest)
+    authority, _, path = hostpart.partition("/")
+    username, password = _credentials(userinfo)
+    hosts = _hosts(authority, spec, spec.port_for(scheme))
+    path = _path(unquote(path), spec)
+    query, kept_query = _split_query(query, spec.option_prefix)
+    options, given = _options(query, spec)
+    return ParsedUrl(
+        scheme=scheme,
+        username=username,
+        password=password,
+        hosts=hosts,
+        authority=authority,
+        path=path,
+        options=options,
+        given=given,
+        url=url,
+        kept_query=kept_query,
+    )
+
+
+def _scheme_and_rest(url: str, spec: UrlSpec) -> tuple[str, str]:
+    """The scheme and what follows ``scheme://`` (without a fragment, which is refused)."""
     what = spec.what
     if not isinstance(url, str) or not url.strip():
         raise ConfigurationError(f"{what}: empty URL{_example(spec)}")
@@ -245,41 +278,25 @@ def parse(url: str, spec: UrlSpec) -> ParsedUrl:
     rest = url.split(":", 1)[1]
     if not rest.startswith("//"):
         raise ConfigurationError(f"{what}: expected {scheme}:// followed by the address")
-    rest = rest[2:]
-    rest, _, fragment = rest.partition("#")
+    rest, _, fragment = rest[2:].partition("#")
     if fragment:
         raise ConfigurationError(f"{what}: a #fragment is not allowed")
-    rest, _, query = rest.partition("?")
-    # Credentials end at the last "@": a password may hold "/" or ":" (an "@" inside it must be
-    # percent-encoded, as everywhere else), so the authority cannot be cut at the first "/".
-    at = rest.rfind("@") if spec.credentials else -1
-    userinfo, hostpart = (rest[:at], rest[at + 1 :]) if at >= 0 else (None, rest)
-    authority, slash, path = hostpart.partition("/")
-    username = password = None
-    if userinfo is not None:
-        user, colon, secret = userinfo.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if colon else None
-    hosts = _hosts(authority, spec, spec.port_for(scheme))
-    path = unquote(path)
-    if slash and spec.path == "none" and path:
-        raise ConfigurationError(f"{what}: a path (/{path}) is not allowed{_example(spec)}")
+    return scheme, rest
+
+
+def _credentials(userinfo: str | None) -> tuple[str | None, str | None]:
+    if userinfo is None:
+        return None, None
+    user, colon, secret = userinfo.partition(":")
+    return unquote(user) or None, unquote(secret) if colon else None
+
+
+def _path(path: str, spec: UrlSpec) -> str:
+    if spec.path == "none" and path:
+        raise ConfigurationError(f"{spec.what}: a path (/{path}) is not allowed{_example(spec)}")
     if spec.path == "required" and not path:
-        raise ConfigurationError(f"{what}: a path is required{_example(spec)}")
-    query, kept_query = _split_query(query, spec.option_prefix)
-    options, given = _options(query, spec)
-    return ParsedUrl(
-        scheme=scheme,
-        username=username,
-        password=password,
-        hosts=hosts,
-        authority=authority,
-        path=path,
-        options=options,
-        given=given,
-        url=url,
-        kept_query=kept_query,
-    )
+        raise ConfigurationError(f"{spec.what}: a path is required{_example(spec)}")
+    return path
 
 
 def _split_query(query: str, prefix: str | None) -> tuple[str, str]:
@@ -323,25 +340,32 @@ _HOSTNAME = re.compile(r"[A-Za-z0-9_.\-%~]+")
 
 def _host(text: str, spec: UrlSpec, default_port: int | None) -> tuple[str, int | None]:
     what = spec.what
-    if text.startswith("["):
-        host, bracket, after = text[1:].partition("]")
-        if not bracket or not host or not all(c in "0123456789abcdefABCDEF:.%" for c in host):
-            raise ConfigurationError(f"{what}: malformed IPv6 address {text!r}")
-        if after and not after.startswith(":"):
-            raise ConfigurationError(f"{what}: malformed host {text!r}")
-        port_text = after[1:] if after else None
-    else:
-        host, colon, port_text_ = text.partition(":")
-        port_text = port_text_ if colon else None
-        if not host:
-            raise ConfigurationError(f"{what}: a host is required in {text!r}{_example(spec)}")
-        if not _HOSTNAME.fullmatch(host):
-            raise ConfigurationError(f"{what}: malformed host {text!r}{_example(spec)}")
-    if port_text is None or port_text == "":
+    host, port_text = _ipv6(text, what) if text.startswith("[") else _hostname(text, spec)
+    if not port_text:
         return host, default_port
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ConfigurationError(f"{what}: port {port_text!r} must be a number from 1 to 65535")
     return host, int(port_text)
+
+
+def _ipv6(text: str, what: str) -> tuple[str, str]:
+    """``[address]:port`` → (address, port text)."""
+    host, bracket, after = text[1:].partition("]")
+    if not bracket or not host or not all(c in "0123456789abcdefABCDEF:.%" for c in host):
+        raise ConfigurationError(f"{what}: malformed IPv6 address {text!r}")
+    if after and not after.startswith(":"):
+        raise ConfigurationError(f"{what}: malformed host {text!r}")
+    return host, after[1:]
+
+
+def _hostname(text: str, spec: UrlSpec) -> tuple[str, str]:
+    """``name:port`` → (name, port text)."""
+    host, _, port_text = text.partition(":")
+    if not host:
+        raise ConfigurationError(f"{spec.what}: a host is required in {text!r}{_example(spec)}")
+    if not _HOSTNAME.fullmatch(host):
+        raise ConfigurationError(f"{spec.what}: malformed host {text!r}{_example(spec)}")
+    return host, port_text
 
 
 def _options(query: str, spec: UrlSpec) -> tuple[dict[str, Any], frozenset[str]]:
