@@ -16,6 +16,7 @@ import sys
 import click
 
 from outboxer.cli._common import errors_as_one_line
+from outboxer.cli.broker import broker
 from outboxer.cli.consume import consume
 from outboxer.cli.db import db
 from outboxer.cli.demo import demo
@@ -56,7 +57,7 @@ def main(log_level: str, log_format: str) -> None:
     logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 
-for command in (db, relay, stats, dlq, messages, demo, consume, serve):
+for command in (db, relay, stats, dlq, messages, broker, demo, consume, serve):
     main.add_command(command)
 
 

@@ -43,6 +43,7 @@ from pika.adapters.asyncio_connection import AsyncioConnection  # type: ignore[i
 
 from outboxer.brokers.rabbitmq._pika import describe, resolve
 from outboxer.brokers.rabbitmq.settings import RabbitMQConsumerSettings
+from outboxer.brokers.rabbitmq.topology import exchange_declaration, queue_declaration
 from outboxer.brokers.rabbitmq.wire import decode
 from outboxer.errors import BrokerUnavailable
 from outboxer.inbox.consumer import Deliver
@@ -103,14 +104,11 @@ class _Link:
         exchange = settings.connection.exchange
         await self._rpc(
             lambda done: channel.exchange_declare(
-                exchange=exchange, exchange_type="topic", durable=True, callback=done
+                **exchange_declaration(settings.connection), callback=done
             )
         )
-        arguments = {"x-queue-type": settings.queue_type}
         await self._rpc(
-            lambda done: channel.queue_declare(
-                queue=settings.queue, durable=True, arguments=arguments, callback=done
-            )
+            lambda done: channel.queue_declare(**queue_declaration(settings), callback=done)
         )
         for topic in settings.topics:
 

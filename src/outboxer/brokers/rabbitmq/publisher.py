@@ -107,6 +107,7 @@ from pika.adapters.asyncio_connection import AsyncioConnection  # type: ignore[i
 from outboxer.brokers.rabbitmq import wire
 from outboxer.brokers.rabbitmq._pika import describe, resolve
 from outboxer.brokers.rabbitmq.settings import RabbitMQSettings
+from outboxer.brokers.rabbitmq.topology import exchange_declaration
 from outboxer.errors import (
     BrokerUnavailable,
     PermanentPublishError,
@@ -232,12 +233,7 @@ class _Link:
         channel.add_on_return_callback(self._on_return)
         await self._rpc(lambda done: channel.confirm_delivery(self._on_confirm, callback=done))
         await self._rpc(
-            lambda done: channel.exchange_declare(
-                exchange=settings.exchange,
-                exchange_type="topic",
-                durable=True,
-                callback=done,
-            )
+            lambda done: channel.exchange_declare(**exchange_declaration(settings), callback=done)
         )
         self._step = None
         self.channel = channel

@@ -1,0 +1,167 @@
+"""``outboxer broker setup`` against the real RabbitMQ on 127.0.0.1:5672 (guest/guest).
+
+Each test declares its own exchange and queue (unique names, deleted afterwards). What the
+command declared is checked through a separate pika connection: passive declarations, and a
+message published by the relay's own publisher reaching the queue before any consumer ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+
+import pika
+import pika.exceptions
+import pytest
+
+from outboxer.brokers.rabbitmq import RabbitMQConsumer, RabbitMQPublisher
+from outboxer.brokers.rabbitmq.settings import RabbitMQConsumerSettings
+from outboxer.message import Message
+from tests.acceptance.conftest import Cli, assert_one_line_error
+from tests.conftest import require_service, unique_name
+from tests.contracts.publisher import make_message
+
+BASE = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+class Names:
+    def __init__(self) -> None:
+        self.exchange = unique_name("ex")
+        self.queue = unique_name("q")
+        self.url = f"{BASE}?exchange={self.exchange}"
+
+
+@pytest.fixture
+def names() -> Iterator[Names]:
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    made = Names()
+    yield made
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
+    channel = connection.channel()
+    channel.queue_delete(made.queue)
+    channel.exchange_delete(made.exchange)
+    connection.close()
+
+
+def exists(kind: str, name: str, **arguments: object) -> bool:
+    """Whether the exchange or queue exists (a passive declaration: changes nothing)."""
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
+    try:
+        declare = getattr(connection.channel(), f"{kind}_declare")
+        declare(name, passive=True, **arguments)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code != 404:  # NOT_FOUND; anything else is a failure of the test itself
+            raise
+        return False
+    finally:
+        if connection.is_open:
+            connection.close()
+    return True
+
+
+def test_setup_declares_what_the_relay_and_consumer_use_before_the_first_publish(
+    cli: Cli, names: Names
+) -> None:
+    args = ["broker", "setup", "--broker", names.url, "--queue", names.queue]
+    result = cli(*args, "--bind", "orders.*", "--bind", "audit.#")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"declared exchange '{names.exchange}': type topic, durable",
+        f"declared queue '{names.queue}': classic, durable",
+        f"declared binding 'orders.*' of queue '{names.queue}' on exchange '{names.exchange}'",
+        f"declared binding 'audit.#' of queue '{names.queue}' on exchange '{names.exchange}'",
+    ]
+    assert exists("exchange", names.exchange)
+    assert exists("queue", names.queue)
+    # Idempotent: a second run declares the same things and changes nothing.
+    again = cli(*args, "--bind", "orders.*", "--bind", "audit.#")
+    assert (again.returncode, again.stdout) == (0, result.stdout), again.stderr
+
+    # No consumer has run yet; the relay's publisher (mandatory, unroutable=dead-letter) finds
+    # the exchange equivalent and a bound queue: the message is acknowledged, not returned.
+    async def publish_then_consume() -> list[str]:
+        message = make_message("orders.eu", 1, key="order-1")
+        async with RabbitMQPublisher.from_url(names.url) as publisher:
+            assert await publisher.publish([message]) == [None]
+        # The consumer's own declarations (same exchange, queue and type) are accepted too.
+        settings = RabbitMQConsumerSettings.from_url(
+            f"{names.url}&queue={names.queue}", name="inventory", topics=["orders.*"]
+        )
+        received: list[str] = []
+        stop = asyncio.Event()
+
+        async def deliver(batch: Sequence[Message]) -> None:
+            received.extend(m.id for m in batch)
+            stop.set()
+
+        async with RabbitMQConsumer(settings) as consumer:
+            await asyncio.wait_for(consumer.run(deliver, stop), 30)
+        assert received == [message.id]
+        return received
+
+    asyncio.run(publish_then_consume())
+
+
+def test_setup_of_the_exchange_alone_and_the_queue_named_in_the_url(cli: Cli, names: Names) -> None:
+    result = cli("broker", "setup", "--broker", names.url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"declared exchange '{names.exchange}': type topic, durable"
+    ]
+    assert not exists("queue", names.queue)
+    # The URL 'outboxer consume' is given (queue, queue_type) serves setup as well.
+    url = f"{names.url}&queue={names.queue}&queue_type=quorum"
+    result = cli("broker", "setup", "--broker", url, "--bind", "#")
+    assert result.returncode == 0, result.stderr
+    assert f"declared queue '{names.queue}': quorum, durable" in result.stdout
+    assert exists("queue", names.queue, durable=True)
+
+
+def test_a_mismatch_is_one_line_and_changes_nothing(cli: Cli, names: Names) -> None:
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
+    channel = connection.channel()
+    channel.exchange_declare(names.exchange, exchange_type="fanout", durable=True)
+    channel.queue_declare(names.queue, durable=True, arguments={"x-queue-type": "quorum"})
+    connection.close()
+
+    result = cli("broker", "setup", "--broker", names.url)
+    assert_one_line_error(
+        result, 2, f"exchange '{names.exchange}' exists with other arguments", "PRECONDITION_FAILED"
+    )
+    assert "received 'topic' but current is 'fanout'" in result.stderr
+    assert "guest:guest" not in result.stderr  # the password is never printed
+
+    # The queue exists as a quorum queue; a classic one is asked for.
+    other = unique_name("ex")
+    url = f"{BASE}?exchange={other}"
+    try:
+        result = cli("broker", "setup", "--broker", url, "--queue", names.queue, "--bind", "#")
+        assert_one_line_error(
+            result, 2, f"queue '{names.queue}' exists with other arguments", "x-queue-type"
+        )
+    finally:
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
+        connection.channel().exchange_delete(other)
+        connection.close()
+    assert exists("queue", names.queue, durable=True, arguments={"x-queue-type": "quorum"})
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "words"),
+    [
+        (["--broker", "kafka://127.0.0.1:9092"], 2, ["nothing to set up for kafka://"]),
+        (["--broker", BASE, "--bind", "#"], 2, ["--bind needs --queue"]),
+        (["--broker", BASE, "--queue", "q"], 2, ["routing keys with --bind"]),
+        (["--broker", f"{BASE}?exchange=bad%2Fname"], 2, ["exchange"]),
+        (["--broker", f"{BASE}?queue_type=stream", "--queue", "q", "--bind", "#"], 2, ["stream"]),
+        (["--broker", "amqp://guest:secret@127.0.0.1:1/"], 1, ["127.0.0.1:1", "refused"]),
+        (["--broker", "amqp://guest:wrong-secret@127.0.0.1:5672/"], 1, ["login refused"]),
+        ([], 2, ["--broker"]),
+    ],
+)
+def test_bad_input_is_one_line_and_a_non_zero_exit(
+    cli: Cli, args: list[str], code: int, words: list[str]
+) -> None:
+    result = cli("broker", "setup", *args)
+    assert_one_line_error(result, code, *words)
+    assert "secret" not in result.stderr
