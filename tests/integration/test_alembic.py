@@ -117,18 +117,11 @@ class Place:
         return url, url.replace("mysql:", "mysql+pymysql:"), None
 
     def catalog(self, name: str) -> dict[str, Any]:
-        found = {
-            "sqlite": lambda: catalog.sqlite(self.tmp_path / f"{name}.db"),
-            "postgres": lambda: catalog.postgres(PG_URL, name),
-            "mysql": lambda: catalog.mysql(name),
-        }[self.dialect]()
-        # the project's own tables are not the outbox's
-        return {
-            kind: [row for row in rows if "orders" not in str(row) and "alembic" not in str(row)]
-            if kind != "versions"
-            else rows
-            for kind, rows in found.items()
-        }
+        if self.dialect == "sqlite":
+            return catalog.sqlite(self.tmp_path / f"{name}.db")
+        if self.dialect == "postgres":
+            return catalog.postgres(PG_URL, name)
+        return catalog.mysql(name)
 
     def create(self) -> None:
         for name in self.names:

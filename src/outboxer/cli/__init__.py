@@ -27,7 +27,7 @@ from outboxer.cli.relay import relay
 from outboxer.cli.serve import serve
 from outboxer.cli.stats import stats
 
-__all__ = ["main", "run"]
+__all__ = ["invoke", "main", "run"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -64,6 +64,13 @@ for command in (db, relay, stats, dlq, messages, broker, demo, consume, serve):
 def run() -> None:
     """Console entry point: every failure, usage errors included (click prints three lines),
     becomes one line and the exit code docs/operations.md gives."""
+    sys.exit(invoke())
+
+
+def invoke(args: list[str] | None = None, prog_name: str | None = None) -> int:
+    """Run the ``outboxer`` command on ``args`` (default: ``sys.argv``) and return its exit code
+    when it succeeds; a failure prints one line and raises ``SystemExit`` (as :func:`run`).
+    ``manage.py outboxer`` of the Django app calls it with its own ``prog_name``."""
     with errors_as_one_line():
-        code = main.main(standalone_mode=False)
-    sys.exit(code if isinstance(code, int) else 0)
+        code = main.main(args, prog_name=prog_name, standalone_mode=False)
+    return code if isinstance(code, int) else 0

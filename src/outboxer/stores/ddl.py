@@ -33,6 +33,7 @@ __all__ = [
     "upgrade_script",
     "upgrade_statements",
     "version_table",
+    "version_table_name",
 ]
 
 #: The dialects (store packages) that have a schema, by the names users give them.
@@ -76,9 +77,14 @@ def _statements(sql: str, dialect: str, names: TableNames) -> list[str]:
     ]
 
 
+def version_table_name(dialect: str, names: TableNames) -> str:
+    """The quoted, qualified name of the version table."""
+    return _sql.render("{schema_version}", names, quote_of(dialect))
+
+
 def record_version(dialect: str, names: TableNames, version: int) -> str:
     """The INSERT recording that ``version`` is applied."""
-    table = _sql.render("{schema_version}", names, quote_of(dialect))
+    table = version_table_name(dialect, names)
     return f"INSERT INTO {table} (version) VALUES ({int(version)})"
 
 

@@ -102,6 +102,12 @@ def _call(wrapper: Any) -> Any:
     return wrapper()
 
 
+def _django_connection(proxy: Any) -> Any:
+    # django.db.connection forwards attribute access to connections[alias], but isinstance()
+    # sees the proxy: dispatch on the connection it stands for (the current thread's).
+    return proxy._connections[proxy._alias]  # noqa: SLF001 - Django keeps no public accessor
+
+
 # Order matters only where classes are related: a subclass before its base.
 CONNECTIONS: tuple[Known, ...] = (
     Known("sqlite3", "Connection", "outboxer.writers.sqlite3:SYNC"),
@@ -126,6 +132,8 @@ CONNECTIONS: tuple[Known, ...] = (
     Known("sqlalchemy.engine", "Connection", "outboxer.writers.sqlalchemy:SYNC"),
     Known("sqlalchemy.ext.asyncio", "AsyncSession", "outboxer.writers.sqlalchemy:ASYNC"),
     Known("sqlalchemy.ext.asyncio", "AsyncConnection", "outboxer.writers.sqlalchemy:ASYNC"),
+    # Django's connections[alias] (django.db.connection is a proxy of the default one)
+    Known("django.db.backends.base.base", "BaseDatabaseWrapper", "outboxer.writers.django:SYNC"),
 )
 
 # Objects that stand for a connection: dispatch continues with ``unwrap(obj)``.
@@ -133,6 +141,7 @@ WRAPPERS: tuple[Known, ...] = (
     # Flask-SQLAlchemy's db.session and many apps' Session registry: the current Session
     Known("sqlalchemy.orm", "scoped_session", unwrap=_call),
     Known("sqlalchemy.ext.asyncio", "async_scoped_session", unwrap=_call),
+    Known("django.utils.connection", "ConnectionProxy", unwrap=_django_connection),
 )
 
 Writer = SyncWriter | AsyncWriter
@@ -176,8 +185,8 @@ def writer_for(conn: Any) -> tuple[Writer, Any]:
         raise ConfigurationError(
             f"enqueue() does not know connections of type {type(conn).__module__}."
             f"{type(conn).__qualname__}: pass a SQLAlchemy Session/Connection (sync or async), "
-            "a psycopg 3, asyncpg, sqlite3, aiosqlite, PyMySQL, mysqlclient, asyncmy or "
-            "aiomysql connection"
+            "a Django connection, a psycopg 3, asyncpg, sqlite3, aiosqlite, PyMySQL, mysqlclient, "
+            "asyncmy or aiomysql connection"
         )
     return found
 

@@ -1,0 +1,59 @@
+"""The migration operation that applies outboxer's schema on a Django database.
+
+Each migration of this app pins the outboxer schema version it reaches (``0001`` reaches 4); a
+release of outboxer with schema 5 adds a migration ``UpgradeOutbox(5)``. The operation reads the
+version installed (a database that ``outboxer db upgrade`` already set up is left as it is) and
+runs the statements of :mod:`outboxer.stores.ddl` for the database's vendor, the ones ``db
+upgrade`` runs, in the migration's transaction where the database has transactional DDL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import DatabaseError, migrations, transaction
+
+from outboxer.integrations.django.conf import outbox
+from outboxer.stores import ddl
+
+__all__ = ["UpgradeOutbox", "installed_version"]
+
+
+def installed_version(connection: Any, dialect: str, names: Any) -> int:
+    """The outboxer schema version on ``connection``, 0 when there is none."""
+    table = ddl.version_table_name(dialect, names)
+    try:
+        # a savepoint: on PostgreSQL a failed statement would abort the migration's transaction
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            cursor.execute(f"SELECT max(version) FROM {table}")
+            row = cursor.fetchone()
+    except DatabaseError:
+        return 0
+    return int(row[0] or 0) if row else 0
+
+
+class UpgradeOutbox(migrations.RunPython):
+    """Bring the outbox schema to ``version`` (nothing when it is there already).
+
+    Unapplying leaves the tables (and the messages in them): drop them by hand if wanted.
+    """
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        super().__init__(self._forwards, migrations.RunPython.noop)
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        return (f"{__name__}.{type(self).__qualname__}", [self.version], {})
+
+    def describe(self) -> str:
+        return f"Upgrade the outbox schema to outboxer's version {self.version}"
+
+    def _forwards(self, apps: Any, schema_editor: Any) -> None:
+        connection = schema_editor.connection
+        dialect = ddl.dialect_of(connection.vendor)
+        names = outbox().names
+        current = installed_version(connection, dialect, names)
+        if current >= self.version:
+            return
+        for statement in ddl.upgrade_statements(dialect, names, current, self.version):
+            schema_editor.execute(statement, params=None)

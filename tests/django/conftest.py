@@ -1,0 +1,77 @@
+"""Django for the tests of this folder only: the example shop (examples/django_shop) with its
+orders and the outbox on PostgreSQL (alias ``default``) and on SQLite (alias ``other``).
+
+pytest-django is installed for the whole suite but does nothing until Django's settings are
+configured, which happens here, when this folder is collected: the other tests see no Django
+(no DJANGO_SETTINGS_MODULE, no environment variable left behind). pytest-django creates a test
+database per alias (with the xdist worker's suffix) and drops it at the end; the PostgreSQL
+one has a name unique to this run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+import django
+from tests.conftest import PG_URL
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "django_shop"
+
+
+def _configure() -> None:
+    if settings.configured:
+        return
+    sys.path.insert(0, str(EXAMPLE))
+    server = PG_URL.rsplit("/", 1)[0]
+    environment = {
+        "SHOP_DATABASE": f"{server}/shop_{uuid.uuid4().hex[:8]}",
+        "SHOP_OTHER_DATABASE": f"sqlite:///{tempfile.mkdtemp(prefix='shop-')}/other.sqlite3",
+    }
+    os.environ.update(environment)
+    try:
+        module = importlib.import_module("shop.settings")
+    finally:
+        for name in environment:
+            os.environ.pop(name)
+    settings.configure(**{name: getattr(module, name) for name in dir(module) if name.isupper()})
+    django.setup()
+
+
+_configure()
+
+
+@pytest.fixture(autouse=True)
+def _empty_outbox(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Empty outboxer's tables after a database test: Django's flush empties only the tables of
+    its managed models, and the outbox is not one."""
+    yield
+    marker = request.node.get_closest_marker("django_db")
+    if marker is None:
+        return
+    from django.db import connections
+
+    for alias in marker.kwargs.get("databases", ["default"]):
+        with connections[alias].cursor() as cursor:
+            for suffix in ("", "_dead_letters", "_relays", "_sweeps"):
+                cursor.execute(f'DELETE FROM "outbox{suffix}"')
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """``manage.py outboxer`` configures the process's logging, as the ``outboxer`` command
+    does; called in a test, its handler would write to pytest's captured (then closed) stderr."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -1,0 +1,187 @@
+"""outboxer in a Django project: enqueue in Django's transactions, the app's migrations, the
+management commands and the dead letters in the admin, on PostgreSQL and SQLite.
+
+Transactional tests (``transaction=True``): the relay and the CLI read through their own
+connections, which see only what Django committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.db import connection, connections, transaction
+from django.test import override_settings
+from pydantic import BaseModel
+
+import outboxer
+from outboxer.config import RelaySettings, TableNames
+from outboxer.errors import ConfigurationError
+from outboxer.integrations.django import database_url, enqueue, enqueue_many
+from outboxer.integrations.django.models import DeadLetter
+from outboxer.stores import open_store
+from tests import catalog
+from tests.conftest import unique_name
+
+ALIASES = ["default", "other"]
+db = pytest.mark.django_db(databases=ALIASES, transaction=True)
+
+
+@dataclass
+class Shipped:
+    order_id: int
+
+
+class Refunded(BaseModel):
+    order_id: int
+    cents: int
+
+
+def outbox_rows(alias: str) -> list[tuple[Any, ...]]:
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT topic, key, type, payload FROM outbox ORDER BY seq")
+        return [(t, k, ty, bytes(p).decode()) for t, k, ty, p in cursor.fetchall()]
+
+
+@db
+@pytest.mark.parametrize("alias", ALIASES)
+def test_enqueue_commits_and_rolls_back_with_djangos_transaction(alias: str) -> None:
+    with transaction.atomic(using=alias):
+        outboxer.enqueue(connections[alias], "orders", {"order": 1}, key="c1")
+        outboxer.enqueue(connections[alias], "orders", Shipped(order_id=1), type="Shipped")
+        enqueue("orders", Refunded(order_id=1, cents=450), using=alias, type="Refunded")
+        enqueue_many([{"topic": "bulk", "payload": {"n": n}} for n in range(3)], using=alias)
+    with transaction.atomic(using=alias):
+        outboxer.enqueue(connections[alias], "orders", {"order": 2})
+        transaction.set_rollback(True, using=alias)  # the order is not saved: nor its message
+    assert outbox_rows(alias) == [
+        ("orders", "c1", None, '{"order":1}'),
+        ("orders", None, "Shipped", '{"order_id":1}'),
+        ("orders", None, "Refunded", '{"order_id":1,"cents":450}'),
+        *[("bulk", None, None, f'{{"n":{n}}}') for n in range(3)],
+    ]
+
+
+@db
+def test_django_db_connection_is_the_default_alias_and_refuses_await() -> None:
+    with transaction.atomic():
+        outboxer.enqueue(connection, "orders", {"via": "django.db.connection"})
+    assert outbox_rows("default") == [("orders", None, None, '{"via":"django.db.connection"}')]
+    assert outbox_rows("other") == []
+    with pytest.raises(ConfigurationError, match="synchronous: use 'enqueue"):
+        asyncio.run(outboxer.enqueue_async(connection, "orders", {}))
+
+
+def _relay_until_empty(alias: str) -> None:
+    from outboxer.brokers.inprocess.publisher import InProcessPublisher
+    from outboxer.relay import Relay
+
+    async def drain() -> None:
+        url, names = database_url(alias), TableNames()
+        async with (
+            open_store(url, names) as store,
+            InProcessPublisher.from_url("inprocess://shop.handlers:registry") as publisher,
+        ):
+            settings = RelaySettings(poll_interval=0.05, min_poll_interval=0.01)
+            await Relay(store, publisher, settings).drain(timeout=60)
+
+    asyncio.run(drain())
+
+
+@db
+@pytest.mark.parametrize("alias", ALIASES)
+def test_the_migrations_build_the_schema_db_upgrade_builds(alias: str, tmp_path: Path) -> None:
+    # pytest-django migrated the test database: the app's migration ran on it
+    url = database_url(alias)
+    if connections[alias].vendor == "sqlite":
+        reference = tmp_path / "reference.db"
+        call_command("outboxer", "db", "upgrade", "--database-url", f"sqlite:///{reference}")
+        migrated, upgraded = (
+            catalog.sqlite(url.removeprefix("sqlite:///")),
+            catalog.sqlite(reference),
+        )
+    else:
+        schema = unique_name("reference")
+        try:
+            call_command("outboxer", "db", "upgrade", "--schema", schema)
+            migrated, upgraded = catalog.postgres(url, "public"), catalog.postgres(url, schema)
+        finally:
+            with connections[alias].cursor() as cursor:
+                cursor.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    assert upgraded["versions"] == [1, 2, 3, 4]
+    assert migrated == upgraded
+
+
+@db
+@pytest.mark.parametrize("alias", ALIASES)
+def test_migrating_again_over_an_installed_schema_keeps_it(
+    alias: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with transaction.atomic(using=alias):
+        enqueue("orders", {"kept": True}, using=alias)
+    call_command("migrate", "outboxer", "zero", database=alias, verbosity=0)
+    call_command("migrate", "outboxer", database=alias, verbosity=0)
+    assert outbox_rows(alias) == [("orders", None, None, '{"kept":true}')]
+    call_command("outboxer", "db", "upgrade")
+    assert "up to date" in capsys.readouterr().out
+
+
+@db
+def test_management_commands_take_the_database_from_the_settings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with transaction.atomic():
+        enqueue("orders", {"n": 1}, type="NoHandler")
+    call_command("outboxer", "stats", "--json")
+    assert json.loads(capsys.readouterr().out)["pending"] == 1
+    with override_settings(OUTBOXER={"DATABASE": "other"}):
+        call_command("outboxer", "stats", "--json")
+        assert json.loads(capsys.readouterr().out)["pending"] == 0
+    with (
+        override_settings(OUTBOXER={"BATCH": 5}),
+        pytest.raises(ImproperlyConfigured, match="BATCH_SIZE"),
+    ):
+        call_command("outboxer", "stats")
+    with pytest.raises(SystemExit) as exited:
+        call_command("outboxer", "dlq", "show", "missing")
+    assert exited.value.code != 0
+    assert "no dead letter" in capsys.readouterr().err
+
+
+@db
+@pytest.mark.parametrize("alias", ALIASES)
+def test_dead_letters_in_the_admin_replay_and_delete(alias: str, admin_client: Any) -> None:
+    with transaction.atomic(using=alias):
+        ids = [enqueue("orders", {"n": n}, type="NoHandler", using=alias) for n in range(3)]
+    _relay_until_empty(alias)  # no handler for NoHandler: dead-lettered at once
+    with override_settings(OUTBOXER={"DATABASE": alias}):
+        page = admin_client.get("/admin/outboxer/deadletter/")
+        assert page.status_code == 200
+        for message_id in ids:
+            assert message_id in page.content.decode()
+        detail = admin_client.get(
+            f"/admin/outboxer/deadletter/{DeadLetter.objects.using(alias).get(message_id=ids[0]).pk}/change/"
+        )
+        assert "no handler" in detail.content.decode().lower()
+
+        action = {
+            "action": "replay",
+            "_selected_action": [DeadLetter.objects.using(alias).get(message_id=ids[0]).pk],
+        }
+        replayed = admin_client.post("/admin/outboxer/deadletter/", action, follow=True)
+        assert "Replayed 1 dead letter(s)" in replayed.content.decode()
+        assert [row[2] for row in outbox_rows(alias)] == ["NoHandler"]
+
+        purge = {
+            "action": "purge",
+            "_selected_action": [d.pk for d in DeadLetter.objects.using(alias).all()],
+        }
+        purged = admin_client.post("/admin/outboxer/deadletter/", purge, follow=True)
+        assert "Deleted 2 dead letter(s)" in purged.content.decode()
+        assert not DeadLetter.objects.using(alias).exists()

@@ -1,0 +1,145 @@
+"""The example shop (examples/django_shop): a customer registers and orders (sync and async
+views); after the commit, the relay sends the welcome and confirmation e-mails; an order that
+fails sends nothing. On PostgreSQL (alias ``default``) and SQLite (``other``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.core import mail
+from django.db import connections
+from django.test import AsyncClient, Client, override_settings
+
+from outboxer.brokers.inprocess.publisher import InProcessPublisher
+from outboxer.config import RelaySettings
+from outboxer.integrations.django import database_url, outbox
+from outboxer.relay import Relay
+from outboxer.stores import open_store
+from tests.acceptance.conftest import PYTHONPATH
+from tests.django.conftest import EXAMPLE
+
+ALIASES = ["default", "other"]
+
+
+def relay_until_empty() -> None:
+    """What ``manage.py outboxer relay`` does, until the outbox is empty."""
+
+    async def drain() -> None:
+        async with (
+            open_store(database_url(), outbox().names) as store,
+            InProcessPublisher.from_url("inprocess://shop.handlers:registry") as publisher,
+        ):
+            settings = RelaySettings(poll_interval=0.05, min_poll_interval=0.01)
+            await Relay(store, publisher, settings).drain(timeout=60)
+
+    asyncio.run(drain())
+
+
+async def order_async(email: str, item: str, quantity: int) -> Any:
+    """POST to the async view, as an ASGI server would call it."""
+    body = {"email": email, "item": item, "quantity": quantity}
+    try:
+        return await AsyncClient().post("/async/orders", body, content_type="application/json")
+    finally:
+        # sync_to_async ran the transaction in asgiref's thread for sync code, whose
+        # connections stay open (as in a server) until closed there
+        await sync_to_async(connections.close_all)()
+
+
+@pytest.fixture(params=ALIASES)
+def shop(request: pytest.FixtureRequest) -> object:
+    with override_settings(
+        SHOP_ORDERS_DATABASE=request.param, OUTBOXER={"DATABASE": request.param}
+    ):
+        yield request.param
+
+
+@pytest.mark.django_db(databases=ALIASES, transaction=True)
+def test_a_customer_gets_a_welcome_and_a_confirmation_per_order(shop: str) -> None:
+    client = Client()
+    registered = client.post(
+        "/customers", {"email": "ann@example.com", "name": "Ann"}, content_type="application/json"
+    )
+    assert registered.status_code == 201
+    ordered = client.post(
+        "/orders",
+        {"email": "ann@example.com", "item": "tea", "quantity": 2},
+        content_type="application/json",
+    )
+    assert ordered.status_code == 201
+    ordered_async = asyncio.run(order_async("ann@example.com", "coffee", 1))
+    assert ordered_async.status_code == 201
+    with pytest.raises(KeyError):  # no such item: the order and its event roll back together
+        client.post(
+            "/orders",
+            {"email": "ann@example.com", "item": "cake", "quantity": 1},
+            content_type="application/json",
+        )
+    assert mail.outbox == []  # nothing is sent before the relay publishes
+
+    relay_until_empty()
+
+    assert [(m.to, m.subject) for m in mail.outbox] == [
+        (["ann@example.com"], "Welcome to the shop"),
+        (["ann@example.com"], f"Order {ordered.json()['order']} confirmed"),
+        (["ann@example.com"], f"Order {ordered_async.json()['order']} confirmed"),
+    ]
+    assert "2 × tea, 9.00 EUR." in mail.outbox[1].body
+
+
+def test_manage_py_outboxer_relay_sends_the_mails(tmp_path: Path) -> None:
+    # The project as its README runs it: migrate, write, `manage.py outboxer relay`, SIGTERM.
+    mails = tmp_path / "mails"
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": os.pathsep.join([PYTHONPATH, str(EXAMPLE)]),
+        "SHOP_DATABASE": f"sqlite:///{tmp_path / 'shop.sqlite3'}",
+        "SHOP_EMAIL_DIR": str(mails),
+    }
+
+    def manage(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, str(EXAMPLE / "manage.py"), *args],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+
+    def run(*args: str) -> str:
+        process = manage(*args)
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+        return out
+
+    run("migrate", "--verbosity", "0")
+    run(
+        "shell",
+        "-c",
+        "from orders.views import register_customer; register_customer('bo@example.com', 'Bo')",
+    )
+    relay = manage("outboxer", "relay")
+    try:
+        deadline = time.monotonic() + 60
+        while not (mails.exists() and any(mails.iterdir())):
+            assert relay.poll() is None, relay.communicate()[1]
+            assert time.monotonic() < deadline, "no mail within 60 s"
+            time.sleep(0.1)
+        relay.send_signal(signal.SIGTERM)
+        relay.communicate(timeout=30)
+    finally:
+        relay.kill()
+    assert relay.returncode == 0
+    [sent] = [path.read_text() for path in mails.iterdir()]
+    assert "To: bo@example.com" in sent and "Subject: Welcome to the shop" in sent
+    assert '"pending": 0' in run("outboxer", "stats", "--json")
