@@ -22,12 +22,14 @@ The store ports are split by who uses them:
 from __future__ import annotations
 
 import datetime as dt
+import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
-from outboxer.errors import PublishError
+from outboxer.errors import PublishError, StoreError
 from outboxer.message import Message
 
 __all__ = [
@@ -41,6 +43,8 @@ __all__ = [
     "DeadLetterStore",
     "DatabaseStore",
     "FailurePolicy",
+    "failure_reason",
+    "log_last_sweep",
     "InboxHandler",
     "InboxReceipt",
     "InboxSession",
@@ -66,6 +70,20 @@ __all__ = [
 ]
 
 
+#: What a failure with no text of its own is stored as: a dead letter's ``failure_reason`` (and
+#: a retry's ``last_error``) is never empty, so an operator always reads why.
+NO_REASON = "failed without a reason (the error carried no message)"
+
+
+def failure_reason(text: str) -> str:
+    """``text``, or :data:`NO_REASON` when it is blank.
+
+    Every path that stores a failure goes through this: retries and dead letters of the relay
+    (:class:`Retry`, :meth:`Settlement.dead_letters`) and of consumers (:class:`ConsumeFailure`).
+    """
+    return text if text.strip() else NO_REASON
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """A batch of messages leased to one relay.
@@ -87,6 +105,9 @@ class Retry:
     delay: float
     reason: str
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reason", failure_reason(self.reason))
+
 
 @dataclass(slots=True)
 class Settlement:
@@ -103,6 +124,10 @@ class Settlement:
     retries: list[Retry] = field(default_factory=list)
     dead: list[tuple[str, str]] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
+
+    def dead_letters(self) -> list[tuple[str, str]]:
+        """``dead`` as stores write it: every reason non-empty (:func:`failure_reason`)."""
+        return [(i, failure_reason(reason)) for i, reason in self.dead]
 
     def settled_ids(self) -> set[str]:
         """Every id this settlement already decides."""
@@ -133,8 +158,6 @@ class _StoredEnvelope:
         try:
             payload: Any = self.payload.decode()
             if self.content_type.startswith("application/json"):
-                import json
-
                 payload = json.loads(payload)
         except (UnicodeDecodeError, ValueError):
             import base64
@@ -214,7 +237,18 @@ class RelayInfo:
 
 @dataclass(frozen=True, slots=True)
 class SweepReport:
-    """What the last sweep did (persisted; see ``SweeperStore.sweep``)."""
+    """What the last sweep did (persisted; see ``SweeperStore.sweep``).
+
+    The counts cover all relays and consumers since the previous sweep (docs/operations.md):
+
+    Attributes:
+        publish_retries: Publish attempts to be made again: retryable failures settled by
+            relays plus messages taken back from an expired lease.
+        publish_failures: Publish dead letters written since the previous sweep (still there).
+        consume_retries: Failed consumptions retried by consumers.
+        consume_failures: Consume dead letters written since the previous sweep.
+        purged: Dead letters past their retention that this sweep deleted.
+    """
 
     started_at: dt.datetime
     completed_at: dt.datetime
@@ -289,6 +323,17 @@ class SweeperStore(Protocol):
     async def last_sweep(self) -> SweepReport | None:
         """The persisted report of the last completed sweep."""
         ...
+
+
+async def log_last_sweep(store: SweeperStore, log: logging.Logger) -> None:
+    """Log the persisted report of the last sweep: relays and consumers do when they start, so
+    an operator reads the retry report of the previous run first. A database that is down is
+    not worth failing a start for: the line is skipped (the start's own checks report it)."""
+    try:
+        last = await store.last_sweep()
+    except StoreError:
+        return
+    log.info("last sweep: %s", json.dumps(last.to_json()) if last else "none yet")
 
 
 @runtime_checkable
@@ -529,6 +574,9 @@ class ConsumeFailure:
 
     reason: str
     retry_in: float | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reason", failure_reason(self.reason))
 
 
 #: Decides a failed attempt: ``(message, attempts so far including this one, error)``.

@@ -102,7 +102,7 @@ class InMemoryStore:
         self._dead: dict[str, tuple[int, DeadLetter]] = {}
         self._relays: dict[str, RelayInfo] = {}
         self._last_sweep: SweepReport | None = None
-        self._released_since_sweep = 0
+        self._publish_retries_since_sweep = 0
         self._seq = 0
         self._doorbell = asyncio.Event()
         self._outbox = Outbox()
@@ -185,7 +185,9 @@ class InMemoryStore:
         for row in self._owned(settlement.published, claim.token):
             del self._rows[row.message.id]
         reasons = {r.id: r for r in settlement.retries}
-        for row in self._owned(list(reasons), claim.token):
+        retried = self._owned(list(reasons), claim.token)
+        self._publish_retries_since_sweep += len(retried)  # the next sweep's publish_retries
+        for row in retried:
             retry = reasons[row.message.id]
             row.message = replace(row.message, attempts=row.message.attempts + 1)
             row.available_at = now + dt.timedelta(seconds=retry.delay)
@@ -195,7 +197,7 @@ class InMemoryStore:
                 None,
                 None,
             )
-        dead = dict(settlement.dead)
+        dead = dict(settlement.dead_letters())
         for row in self._owned(list(dead), claim.token):
             m = row.message
             del self._rows[m.id]
@@ -229,7 +231,7 @@ class InMemoryStore:
         for row in expired:
             row.last_error = f"lease of relay {row.locked_by} expired"
             row.token, row.locked_by, row.locked_until = None, None, None
-        self._released_since_sweep += len(expired)
+        self._publish_retries_since_sweep += len(expired)
         return len(expired)
 
     async def sweep(
@@ -258,13 +260,13 @@ class InMemoryStore:
             started_at=now,
             completed_at=self._clock(),
             swept_by=sweeper,
-            publish_retries=self._released_since_sweep,
+            publish_retries=self._publish_retries_since_sweep,
             publish_failures=failures("publish"),
             consume_retries=self._inbox.retried_since_sweep,
             consume_failures=failures("consume"),
             purged=purged,
         )
-        self._released_since_sweep = 0
+        self._publish_retries_since_sweep = 0
         self._inbox.retried_since_sweep = 0
         self._inbox.purge(now, self._dead)
         return self._last_sweep

@@ -274,6 +274,39 @@ class StoreContract:
         assert await store.last_sweep() == report
         assert (await store.stats()).last_sweep == report
 
+    async def test_sweep_counts_the_relays_own_retries_since_the_previous_sweep(
+        self, store: Store, add: Add
+    ) -> None:
+        # A retry alone (one statement on most stores) and one beside an ack are both counted;
+        # a stale claim's retry changes nothing and is not counted.
+        a, b, c = [await add("t", {"n": n}) for n in range(3)]
+        first = await claim(store, 1)
+        await store.settle(first, Settlement(retries=[Retry(a, 0, "boom")]))
+        await store.settle(first, Settlement(retries=[Retry(a, 0, "stale")]))
+        second = await claim(store, 3)
+        assert {m.id for m in second.messages} == {a, b, c}
+        await store.settle(
+            second, Settlement(retries=[Retry(a, 0, "again"), Retry(b, 0, "boom")], published=[c])
+        )
+        report = await store.sweep(sweeper="me", interval=0, retention_seconds=0, batch_size=50)
+        assert report is not None
+        assert (report.publish_retries, report.publish_failures) == (3, 0)
+        third = await claim(store, 2)
+        await store.settle(third, Settlement(dead=[(a, "x")], published=[b]))
+        report = await store.sweep(sweeper="me", interval=0, retention_seconds=0, batch_size=50)
+        assert report is not None
+        assert (report.publish_retries, report.publish_failures) == (0, 1)  # since the last
+
+    async def test_a_failure_without_text_is_stored_with_a_reason(
+        self, store: Store, add: Add
+    ) -> None:
+        retried, dead = await add("t", {"n": 1}), await add("t", {"n": 2})
+        c = await claim(store, 2)
+        await store.settle(c, Settlement(retries=[Retry(retried, 0, "")], dead=[(dead, " ")]))
+        assert (await store.get_dead_letter(dead)).failure_reason.strip()
+        shown = await store.get_message(retried)
+        assert shown.last_error is not None and shown.last_error.strip()
+
     async def test_replay_leaves_a_dead_letter_whose_id_is_back_in_the_outbox(
         self, store: Store, add: Add
     ) -> None:

@@ -146,8 +146,10 @@ async def test_relay_logs_in_json_with_relay_id_and_dead_lettered_ids() -> None:
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     relay_lines = [line for line in lines if line["logger"] == "outboxer.relay"]
     assert relay_lines and all(line["relay_id"] == relay.relay_id for line in relay_lines)
-    [dead] = [line for line in relay_lines if line["message"].startswith("dead-lettered")]
-    assert dead["message_ids"] == [bad] and dead["level"] == "WARNING"
+    [dead] = [line for line in relay_lines if "moved to dead letter" in line["message"]]
+    assert dead["message_ids"] == [bad] and dead["level"] == "ERROR"
+    assert dead["message"].startswith(f"message {bad} (key None, type 'Bad')")
+    assert dead["message"].endswith("after 1 attempts: refused")
     assert len([line for line in lines if line["message"].startswith("relay ")]) == 2
 
 

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from outboxer.inbox.inbox import Inbox, InboxCounters
 from outboxer.message import Message
-from outboxer.ports import SweeperStore
+from outboxer.ports import SweeperStore, log_last_sweep
 
 __all__ = ["BrokerConsumer", "Deliver", "run_consumer"]
 
@@ -69,6 +69,8 @@ async def run_consumer(
         shutdown_timeout: Seconds the batch in progress may take after ``stop``.
     """
     log.info("consumer %r starting", inbox.consumer)
+    if sweeper is not None:
+        await log_last_sweep(sweeper, log)
     stop = inbox.stopping
     background = [asyncio.create_task(inbox.run_redrives(), name="outboxer-redrive")]
     if sweeper is not None:

@@ -372,24 +372,26 @@ class Inbox:
         permanent = isinstance(error, PermanentHandlerError | PermanentPublishError)
         if permanent or attempts >= self.settings.max_attempts:
             log.error(
-                "message %s (%s) failed for good after %d attempt(s) in consumer %r: %s",
+                "message %s (key %r, type %r) moved to dead letter after %d attempts: %s",
                 message.id,
-                message.type or message.topic,
+                message.key,
+                message.type,
                 attempts,
-                self.consumer,
                 reason,
+                extra={"message_ids": [message.id]},
             )
             return ConsumeFailure(reason, None)
         delay = self.settings.retry.delay(attempts)
         log.warning(
-            "message %s (%s) failed (attempt %d of %d) in consumer %r, retry in %.3g s: %s",
+            "message %s (key %r, type %r) failed, attempt %d of %d; retrying in %.3gs: %s",
             message.id,
-            message.type or message.topic,
+            message.key,
+            message.type,
             attempts,
             self.settings.max_attempts,
-            self.consumer,
             delay,
             reason,
+            extra={"message_ids": [message.id]},
         )
         return ConsumeFailure(reason, delay)
 

@@ -49,7 +49,16 @@ from outboxer.errors import (
     StoreError,
 )
 from outboxer.message import Message
-from outboxer.ports import Claim, Publisher, RelayInfo, RelayStore, Retry, Settlement
+from outboxer.ports import (
+    Claim,
+    Publisher,
+    RelayInfo,
+    RelayStore,
+    Retry,
+    Settlement,
+    log_last_sweep,
+)
+from outboxer.relay.failures import FailedPublish, FailureLog
 from outboxer.relay.observer import (
     GuardedObserver,
     NoopObserver,
@@ -87,8 +96,11 @@ def _log_death(task: asyncio.Task[None]) -> None:
 
 
 def _reason(error: BaseException) -> str:
-    # A PublishError's text is written for operators; anything else gets its type name.
-    text = str(error) if isinstance(error, PublishError) else f"{type(error).__name__}: {error}"
+    # A PublishError's text is written for operators; anything else, or one without text, gets
+    # its type name: a dead letter's reason is never empty.
+    text = str(error).strip()
+    if not isinstance(error, PublishError) or not text:
+        text = f"{type(error).__name__}: {text}" if text else type(error).__name__
     return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 1] + "…"
 
 
@@ -127,6 +139,7 @@ class Relay:
             heartbeat_at=dt.datetime.now(dt.UTC),
         )
         self.counters = RelayCounters()
+        self._failure_log = FailureLog(log, self.settings.max_attempts, self._now)
         self._window = asyncio.Semaphore(self.settings.max_in_flight_batches)
         self._in_flight: set[asyncio.Task[None]] = set()
         self._settled_batches = 0
@@ -174,9 +187,7 @@ class Relay:
             self.settings.max_in_flight_batches,
             "ordered" if self.settings.ordered else "unordered",
         )
-        with contextlib.suppress(StoreError):
-            last = await self.store.last_sweep()
-            log.info("last sweep: %s", last.to_json() if last else "none yet")
+        await log_last_sweep(self.store, log)
         self._supervise("heartbeat", self._heartbeat_loop)
         self._supervise("sweeper", self._sweeper_loop)
         try:
@@ -190,6 +201,7 @@ class Relay:
             await asyncio.gather(*background, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await self.store.unregister(self.relay_id)
+            self._failure_log.flush()
             self.observer.relay_stopped(self.info)
             log.info("relay %s stopped: %s", self.relay_id, self.counters)
             current_relay_id.reset(relay_id_token)
@@ -540,6 +552,7 @@ class Relay:
         outage: BrokerUnavailable | None = None
         published = retried = dead = released = 0
         outcomes: list[PublishOutcome] = []
+        failed: list[FailedPublish] = []
         for message, result in zip(messages, results, strict=True):
             if result is None:
                 settlement.published.append(message.id)
@@ -554,23 +567,20 @@ class Relay:
                 isinstance(result, PermanentPublishError)
                 or message.attempts + 1 >= self.settings.max_attempts
             ):
-                settlement.dead.append((message.id, _reason(result)))
+                reason = _reason(result)
+                settlement.dead.append((message.id, reason))
+                failed.append(FailedPublish(message, message.attempts + 1, reason))
                 dead += 1
                 outcomes.append("dead_letter")
             else:
                 delay = self.settings.retry.delay(message.attempts + 1)
-                settlement.retries.append(Retry(message.id, delay, _reason(result)))
+                reason = _reason(result)
+                settlement.retries.append(Retry(message.id, delay, reason))
+                failed.append(FailedPublish(message, message.attempts + 1, reason, delay))
                 retried += 1
                 outcomes.append("retry")
         self.observer.published(messages, outcomes, seconds)
-        if dead:
-            ids = [m.id for m, o in zip(messages, outcomes, strict=True) if o == "dead_letter"]
-            log.warning(
-                "dead-lettered %d message(s): %s",
-                dead,
-                ", ".join(ids[:20]) + (f" (+{dead - 20} more)" if dead > 20 else ""),
-                extra={"message_ids": ids},
-            )
+        self._failure_log.batch(failed)
         counters = self.counters
         counters.published += published
         counters.retried += retried

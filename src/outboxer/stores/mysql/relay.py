@@ -115,23 +115,28 @@ class MysqlRelay(MysqlPart):
         steps: list[tuple[str, dict[str, Any]]] = []
         if settlement.published:
             steps.append((self.q["ack"], {"ids": tuple(settlement.published), "token": token}))
+        retry = self.q["retry"]
         if settlement.retries:
             items = json.dumps([[r.id, r.delay, r.reason] for r in settlement.retries])
-            steps.append((self.q["retry"], {"items": items, "token": token}))
+            steps.append((retry, {"items": items, "token": token}))
         if settlement.dead:
-            reasons = json.dumps([[i, reason] for i, reason in settlement.dead])
+            reasons = json.dumps([[i, reason] for i, reason in settlement.dead_letters()])
             ids = tuple(i for i, _ in settlement.dead)
             steps.append((self.q["dead_letter_copy"], {"items": reasons, "token": token}))
             steps.append((self.q["dead_letter_delete"], {"ids": ids, "token": token}))
         if settlement.released:
             steps.append((self.q["release"], {"ids": tuple(settlement.released), "token": token}))
-        if len(steps) == 1:  # the common case: one statement, one round trip
+        if len(steps) == 1 and not settlement.retries:  # the common case: one round trip
             async with self.db.connection() as conn:
                 await execute(conn, *steps[0])
         elif steps:
             async with self.db.transaction() as conn:
                 for sql, args in steps:
-                    await execute(conn, sql, args)
+                    changed = await execute(conn, sql, args)
+                    if sql is retry and changed:
+                        # The sweep reports publish retries: counted in the settle transaction
+                        # (only batches with a failure pay this statement).
+                        await execute(conn, self.q["count_released"], {"count": changed})
 
     async def extend_lease(self, claim: Claim, lease_seconds: float) -> int:
         if not claim.messages:

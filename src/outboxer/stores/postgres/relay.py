@@ -124,7 +124,7 @@ class PostgresRelay(PostgresPart):
                 )
             )
         if settlement.dead:
-            ids, reasons = zip(*settlement.dead, strict=True)
+            ids, reasons = zip(*settlement.dead_letters(), strict=True)
             statements.append((self.q["dead_letter"], (list(ids), list(reasons), claim.token)))
         if settlement.released:
             statements.append((self.q["release"], (settlement.released, claim.token)))

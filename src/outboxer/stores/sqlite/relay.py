@@ -57,7 +57,7 @@ class SqliteRelay(SqlitePart):
             items = [[r.id, r.delay, r.reason] for r in settlement.retries]
             steps.append(("retry", {"items": json.dumps(items), "token": token}))
         if settlement.dead:
-            items_json = json.dumps([list(d) for d in settlement.dead])
+            items_json = json.dumps([list(d) for d in settlement.dead_letters()])
             steps.append(("dead_letter_copy", {"items": items_json, "token": token}))
             steps.append(("dead_letter_delete", {"items": items_json, "token": token}))
         if settlement.released:
@@ -66,7 +66,10 @@ class SqliteRelay(SqlitePart):
             return
         async with self.db.transaction() as conn:
             for name, params in steps:
-                await conn.execute(self.q[name], params)
+                changed = (await conn.execute(self.q[name], params)).rowcount
+                if name == "retry" and changed:
+                    # The sweep reports publish retries: counted in the settle transaction.
+                    await conn.execute(self.q["count_released"], {"released": changed})
 
     async def extend_lease(self, claim: Claim, lease_seconds: float) -> int:
         params = {

@@ -141,6 +141,8 @@ JOIN (SELECT
            AND d.dead_lettered_at >= COALESCE(p.started_at, '1000-01-01')) AS consume_failures
       FROM {sweeps} p WHERE p.name = 'default') c
 SET s.started_at = %(started_at)s, s.completed_at = UTC_TIMESTAMP(6), s.swept_by = %(sweeper)s,
+    -- released_since_sweep counts expired leases and the relays' retries (settle): the
+    -- publish retries since the previous sweep (the column kept its first name).
     s.publish_retries = s.released_since_sweep, s.released_since_sweep = 0,
     s.publish_failures = c.publish_failures,
     s.consume_retries = s.consume_retried_since_sweep, s.consume_retried_since_sweep = 0,

@@ -65,12 +65,20 @@ RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.head
 DELETE FROM {outbox} WHERE id = ANY($1::text[]) AND claim_token = $2
 
 -- name: retry
-UPDATE {outbox} AS o
-SET attempts = o.attempts + 1, last_error = u.reason,
-    available_at = now() + make_interval(secs => u.delay),
-    claim_token = NULL, locked_by = NULL, locked_until = NULL
-FROM unnest($1::text[], $2::float8[], $3::text[]) AS u(id, delay, reason)
-WHERE o.id = u.id AND o.claim_token = $4
+-- The retries are counted for the next sweep's publish_retries in the same statement (no round
+-- trip of its own). The counter row is locked only by batches with a retry, for the length of
+-- this statement: relays that publish successfully never touch it.
+WITH retried AS (
+    UPDATE {outbox} AS o
+    SET attempts = o.attempts + 1, last_error = u.reason,
+        available_at = now() + make_interval(secs => u.delay),
+        claim_token = NULL, locked_by = NULL, locked_until = NULL
+    FROM unnest($1::text[], $2::float8[], $3::text[]) AS u(id, delay, reason)
+    WHERE o.id = u.id AND o.claim_token = $4
+    RETURNING 1
+)
+UPDATE {sweeps} SET released_since_sweep = released_since_sweep + (SELECT count(*) FROM retried)
+WHERE name = 'default' AND EXISTS (SELECT 1 FROM retried)
 
 -- name: extend_lease
 -- A relay keeps the lease of a batch it is still publishing (a slow broker or webhook). By id
@@ -145,6 +153,8 @@ WITH purged AS (
 )
 UPDATE {sweeps} s
 SET started_at = now(), completed_at = clock_timestamp(), swept_by = $1,
+    -- released_since_sweep counts expired leases and the relays' retries (settle): the
+    -- publish retries since the previous sweep (the column kept its first name).
     publish_retries = s.released_since_sweep, released_since_sweep = 0,
     publish_failures = (SELECT count(*) FROM {dead_letters} d, previous p
                         WHERE d.direction = 'publish' AND d.dead_lettered_at >= p.since),

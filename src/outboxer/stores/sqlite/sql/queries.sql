@@ -106,6 +106,8 @@ DELETE FROM {dead_letters} WHERE dl_seq IN (
 
 -- name: sweep
 UPDATE {sweeps}
+-- released_since_sweep counts expired leases and the relays' retries (settle): the
+-- publish retries since the previous sweep (the column kept its first name).
 SET publish_retries = released_since_sweep, released_since_sweep = 0,
     publish_failures = (SELECT count(*) FROM {dead_letters} d
                         WHERE d.direction = 'publish'
