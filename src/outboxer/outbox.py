@@ -53,18 +53,24 @@ _OPTIONS = _REQUIRED | {"key", "type", "headers", "id", "available_at"}
 
 
 def _text(value: str, what: str, limit: int | None = MAX_TEXT_BYTES) -> str:
-    """``value`` if PostgreSQL can store it within ``limit`` bytes, else ConfigurationError."""
+    """``value`` if PostgreSQL can store it within ``limit`` bytes, else ConfigurationError.
+
+    The messages name the position, never the value (a header may hold a credential).
+    """
     if value.isascii():  # (a flag lookup in CPython: the common case costs next to nothing)
         size = len(value)
     else:
         try:
             size = len(value.encode())
-        except UnicodeEncodeError:
+        except UnicodeEncodeError as exc:
             raise ConfigurationError(
-                f"{what} is not valid Unicode (a lone surrogate): {value!r}"
+                f"{what} is not valid Unicode: a lone surrogate at character {exc.start}"
             ) from None
     if "\x00" in value:
-        raise ConfigurationError(f"{what} contains a NUL character: {value!r}")
+        raise ConfigurationError(
+            f"{what} contains a NUL character (at character {value.index(chr(0))}), "
+            "which PostgreSQL cannot store in text"
+        )
     if limit is not None and size > limit:
         raise ConfigurationError(f"{what} is {size} bytes long: at most {limit} are accepted")
     return value
