@@ -6,6 +6,7 @@ Django swaps in) are seen.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 from urllib.parse import quote
 
@@ -42,7 +43,13 @@ def outbox() -> ConfiguredOutbox:
     database = conf.get("DATABASE", DEFAULT_DB_ALIAS)
     if database not in settings.DATABASES:
         raise ImproperlyConfigured(f"OUTBOXER['DATABASE'] {database!r} is not in DATABASES")
-    return ConfiguredOutbox(conf.get("TABLE", "outbox"), conf.get("SCHEMA"), database)
+    return _configured(conf.get("TABLE", "outbox"), conf.get("SCHEMA"), database)
+
+
+@cache
+def _configured(table: str, schema: str | None, database: str) -> ConfiguredOutbox:
+    # one per setting: the names are validated once, not at every enqueue
+    return ConfiguredOutbox(table, schema, database)
 
 
 def database_url(alias: str | None = None) -> str:
