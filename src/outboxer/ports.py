@@ -278,6 +278,9 @@ class OutboxStats:
 
     ``unowned_in_flight`` (beyond the core figures) counts messages leased by a relay whose
     heartbeat stopped: work nobody owns until the lease expires and the sweeper takes it back.
+    ``scheduled`` counts the ``pending`` messages written for a later time and never tried yet
+    (``available_at`` in the future): :meth:`Relay.drain <outboxer.relay.Relay.drain>` does not
+    wait for them.
     """
 
     pending: int
@@ -287,6 +290,7 @@ class OutboxStats:
     relays: Sequence[RelayInfo] = ()
     last_sweep: SweepReport | None = None
     unowned_in_flight: int = 0
+    scheduled: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -297,6 +301,7 @@ class OutboxStats:
             "relays": [relay.to_json() for relay in self.relays],
             "last_sweep": self.last_sweep.to_json() if self.last_sweep is not None else None,
             "unowned_in_flight": self.unowned_in_flight,
+            "scheduled": self.scheduled,
         }
 
 

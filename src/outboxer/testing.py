@@ -291,6 +291,9 @@ class InMemoryStore:
         return OutboxStats(
             last_sweep=self._last_sweep,
             unowned_in_flight=sum(r.token is not None and r.locked_by not in live for r in rows),
+            scheduled=sum(
+                r.token is None and r.message.attempts == 0 and r.available_at > now for r in rows
+            ),
             pending=sum(r.token is None for r in rows),
             in_flight=sum(r.token is not None for r in rows),
             dead_letters=len(self._dead),

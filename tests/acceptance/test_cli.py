@@ -420,3 +420,42 @@ async def test_dlq_list_and_show_escape_terminal_control_sequences(
     assert "boom\\x1b[0m\\u202e" in shown.stdout and "T\\r" in shown.stdout
     as_json = json.loads(cli("dlq", "show", *db, hostile.id, "--json").stdout)
     assert as_json["topic"] == hostile.topic  # JSON keeps the exact text (escaped by JSON)
+
+
+def test_relay_drain_publishes_what_is_due_and_exits_0(
+    cli: Cli, database: Database, sink: Path
+) -> None:
+    db = database.args
+    assert cli("db", "upgrade", *db).returncode == 0
+    ids = database.write(3, poison=1)
+    with database.transaction() as conn:
+        later = database.outbox.enqueue(
+            conn, "orders", {"n": "later"}, available_at=dt.timedelta(hours=1)
+        )
+    result = cli("relay", *db, "--broker", INPROCESS, "--drain", "--retry-base", "0.05")
+    assert result.returncode == 0, result.stderr
+    # The poison message's retries were waited for; the scheduled one stays for a later run.
+    assert result.stdout == "drained: 3 published, 1 dead-lettered, 1 scheduled for later\n"
+    assert sorted(lines(sink)) == sorted(ids[:3])
+    stats = json.loads(cli("stats", *db, "--json").stdout)
+    assert (stats["pending"], stats["scheduled"], stats["dead_letters"]) == (1, 1, 1)
+    [left] = json.loads(cli("messages", "list", *db, "--json").stdout)["items"]
+    assert (left["id"], left["state"]) == (later, "scheduled")
+
+
+def test_relay_drain_gives_up_after_its_timeout_with_one_line(
+    cli: Cli, sqlite_db: Database
+) -> None:
+    db = sqlite_db.args
+    assert cli("db", "upgrade", *db).returncode == 0
+    sqlite_db.write(2)
+    down = "http://127.0.0.1:9/hook"  # the discard port: nothing listens there
+    result = cli(
+        "--log-level", "ERROR", "relay", *db, "--broker", down, "--drain", "--drain-timeout", "1.5"
+    )
+    assert_one_line_error(
+        result,
+        1,
+        "drain did not finish within 1.5 s: 2 messages still to publish",
+        "broker unavailable for 1 rounds",
+    )

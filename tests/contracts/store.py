@@ -297,6 +297,17 @@ class StoreContract:
         assert report is not None
         assert (report.publish_retries, report.publish_failures) == (0, 1)  # since the last
 
+    async def test_stats_count_what_waits_for_a_later_time_and_was_never_tried(
+        self, store: Store, add: Add
+    ) -> None:
+        await add("t", {"n": 1}, available_at=dt.timedelta(hours=1))
+        failed = await add("t", {"n": 2})
+        c = await claim(store)
+        await store.settle(c, Settlement(retries=[Retry(failed, 3600, "boom")]))
+        stats = await store.stats()
+        assert (stats.pending, stats.scheduled) == (2, 1)  # the retry is not "scheduled"
+        assert stats.to_json()["scheduled"] == 1
+
     async def test_a_failure_without_text_is_stored_with_a_reason(
         self, store: Store, add: Add
     ) -> None:

@@ -45,6 +45,19 @@ from outboxer.config import RelaySettings, TableNames
     help="Interface of the /metrics server (0.0.0.0 for every interface).",
 )
 @env_option(
+    "--drain",
+    is_flag=True,
+    help="Publish until nothing is left to publish now, then exit 0 (jobs, tests, migrations); "
+    "messages scheduled for later stay. Exit 1 after --drain-timeout.",
+)
+@env_option(
+    "--drain-timeout",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(0, 86400, min_open=True),
+    help="With --drain: seconds before giving up (broker down, retries not done) with exit 1.",
+)
+@env_option(
     "--tracing",
     is_flag=True,
     help="OpenTelemetry publish spans continuing the trace stored at enqueue (exporter from "
@@ -59,9 +72,12 @@ def relay(
     metrics_port: int,
     metrics_host: str,
     tracing: bool,
+    drain: bool,
+    drain_timeout: float,
     **values: Any,
 ) -> None:
-    """Publish outbox messages to the broker until SIGTERM/SIGINT (graceful: nothing lost)."""
+    """Publish outbox messages to the broker until SIGTERM/SIGINT (graceful: nothing lost),
+    or with --drain until nothing is left to publish now."""
     settings = build_settings(RelaySettings, values)
     names = TableNames(table=table, schema=schema)
     observer, metrics_server = _relay_metrics(broker, metrics_host, metrics_port)
@@ -76,6 +92,7 @@ def relay(
                 webhook_secret,
                 observer=observer,
                 traced=stop_tracing is not None,
+                drain_timeout=drain_timeout if drain else None,
             )
         )
     finally:
@@ -132,6 +149,7 @@ async def _relay(
     *,
     observer: Any = None,
     traced: bool = False,
+    drain_timeout: float | None = None,
 ) -> None:
     from outboxer.brokers import publisher_from_url
     from outboxer.relay import Relay
@@ -146,4 +164,29 @@ async def _relay(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, relay.stop)
-        await relay.run()
+        if drain_timeout is None:
+            await relay.run()
+            return
+        await _drain(relay, store, drain_timeout)
+
+
+async def _drain(relay: Any, store: Any, timeout: float) -> None:
+    """``--drain``: one summary line on stdout and exit 0 when done; one line and exit 1 when
+    the timeout (or a signal) ended it first, saying what is left and the last broker error."""
+    try:
+        counters = await relay.drain(timeout)
+    except TimeoutError:
+        counters = None
+    stats = await store.stats()
+    left = stats.pending - stats.scheduled + stats.in_flight
+    if counters is None or left:
+        why = f"did not finish within {timeout:g} s" if counters is None else "was stopped"
+        outage = f"; broker unavailable for {relay.outage_failures} rounds: {relay.outage_reason}"
+        fail(
+            f"drain {why}: {left} messages still to publish"
+            + (outage if relay.outage_failures else "")
+        )
+    click.echo(
+        f"drained: {counters.published} published, {counters.dead_lettered} dead-lettered, "
+        f"{stats.scheduled} scheduled for later"
+    )

@@ -145,6 +145,7 @@ class Relay:
         self._settled_batches = 0
         self._stop = asyncio.Event()
         self._outage_failures = 0
+        self._outage_reason = ""
         self._outage_until = 0.0
         self._store_failures = 0
         self._background: dict[str, asyncio.Task[None]] = {}
@@ -162,15 +163,23 @@ class Relay:
         """Consecutive broker-unavailable rounds (0 while the broker is healthy)."""
         return self._outage_failures
 
+    @property
+    def outage_reason(self) -> str:
+        """The error of the last broker-unavailable round ("" while the broker is healthy)."""
+        return self._outage_reason if self._outage_failures else ""
+
     async def run(self) -> RelayCounters:
         """Relay until :meth:`stop` is called; returns the counters."""
         return await self._run(until_empty=False)
 
     async def drain(self, timeout: float | None = None) -> RelayCounters:
-        """Relay until the outbox is empty (every message published or dead-lettered).
+        """Relay until nothing is left to publish now (for jobs, tests and migrations).
 
-        Messages waiting for a retry are waited for, so use small retry delays with it.
-        Raises ``TimeoutError`` after ``timeout`` seconds.
+        Done when no message is in flight and every message still in the outbox was written
+        for a later time and never tried (``available_at`` in the future, ``stats().scheduled``):
+        those wait for a later run. Messages waiting for a retry are waited for (at most
+        ``max_attempts`` attempts along the retry delays), and so is a broker outage. Raises
+        ``TimeoutError`` after ``timeout`` seconds; :meth:`stop` ends it early.
         """
         async with asyncio.timeout(timeout):
             return await self._run(until_empty=True)
@@ -345,7 +354,7 @@ class Relay:
 
     async def _outbox_empty(self) -> bool:
         stats = await self.store.stats()
-        return stats.pending == 0 and stats.in_flight == 0
+        return stats.pending == stats.scheduled and stats.in_flight == 0
 
     async def _sleep(
         self, seconds: float, *, doorbell: bool = False, in_flight: bool = False
@@ -600,6 +609,7 @@ class Relay:
         if now < self._outage_until:
             return  # another batch of the same round already backed off
         self._outage_failures += 1
+        self._outage_reason = _reason(error)
         self.counters.outages += 1
         delay = self.settings.outage.delay(self._outage_failures)
         self._outage_until = now + delay

@@ -58,6 +58,7 @@ class MysqlDeadLetters(MysqlPart, DeadLetterLookup):
             relays=[_relay(r) for r in relays],
             last_sweep=sweep_report(sweep) if sweep is not None else None,
             unowned_in_flight=int(row["unowned"]),
+            scheduled=int(row["scheduled"]),
         )
 
     async def list_dead_letters(

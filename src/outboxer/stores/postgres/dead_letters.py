@@ -35,6 +35,7 @@ class PostgresDeadLetters(PostgresPart, DeadLetterLookup):
             relays=[RelayInfo(**dict(r)) for r in relays],
             last_sweep=sweep_report(sweep) if sweep is not None else None,
             unowned_in_flight=row["unowned"],
+            scheduled=row["scheduled"],
         )
 
     async def list_dead_letters(

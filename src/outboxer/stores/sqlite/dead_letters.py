@@ -49,6 +49,7 @@ class SqliteDeadLetters(SqlitePart, DeadLetterLookup):
             ],
             last_sweep=sweep_report(sweep) if sweep is not None else None,
             unowned_in_flight=row["unowned"],
+            scheduled=row["scheduled"],
         )
 
     async def list_dead_letters(

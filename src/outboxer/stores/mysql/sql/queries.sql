@@ -172,6 +172,8 @@ DELETE FROM {relays} WHERE relay_id = %(relay_id)s
 SELECT
     (SELECT count(*) FROM {outbox} WHERE claim_token IS NULL) AS pending,
     (SELECT count(*) FROM {outbox} WHERE claim_token IS NOT NULL) AS in_flight,
+    (SELECT count(*) FROM {outbox}
+     WHERE claim_token IS NULL AND attempts = 0 AND available_at > UTC_TIMESTAMP(6)) AS scheduled,
     (SELECT count(*) FROM {dead_letters}) AS dead_letters,
     (SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) / 1e6
      FROM {outbox}) AS oldest_age,

@@ -184,6 +184,9 @@ DELETE FROM {relays} WHERE relay_id = $1
 SELECT
     (SELECT count(*) FROM {outbox} WHERE claim_token IS NULL) AS pending,
     (SELECT count(*) FROM {outbox} WHERE claim_token IS NOT NULL) AS in_flight,
+    -- written for later and never tried: what a drain leaves for a later run
+    (SELECT count(*) FROM {outbox}
+     WHERE claim_token IS NULL AND attempts = 0 AND available_at > now()) AS scheduled,
     (SELECT count(*) FROM {dead_letters}) AS dead_letters,
     (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM {outbox}) AS oldest_age,
     -- in flight for a relay with no live heartbeat: waiting for its lease to expire

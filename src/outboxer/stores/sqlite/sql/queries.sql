@@ -138,6 +138,8 @@ DELETE FROM {relays} WHERE relay_id = :relay_id
 SELECT
     (SELECT count(*) FROM {outbox} WHERE claim_token IS NULL) AS pending,
     (SELECT count(*) FROM {outbox} WHERE claim_token IS NOT NULL) AS in_flight,
+    (SELECT count(*) FROM {outbox} WHERE claim_token IS NULL AND attempts = 0
+        AND available_at > (julianday('now') - 2440587.5) * 86400.0) AS scheduled,
     (SELECT count(*) FROM {dead_letters}) AS dead_letters,
     (SELECT (julianday('now') - 2440587.5) * 86400.0 - min(created_at) FROM {outbox}) AS oldest_age,
     (SELECT count(*) FROM {outbox} o
