@@ -46,6 +46,18 @@ def require_service(name: str, host: str, port: int) -> None:
         )
 
 
+#: The store dialects whose schema tests run on each (``db sql``, Alembic).
+DIALECTS = ["postgres", "mysql", "sqlite"]
+
+
+def require_dialect(dialect: str) -> None:
+    """:func:`require_service` for the server of a store dialect (none for SQLite)."""
+    if dialect == "postgres":
+        require_service("PostgreSQL", "127.0.0.1", 5432)
+    elif dialect == "mysql":
+        require_service("MariaDB", "127.0.0.1", 3306)
+
+
 def unique_name(prefix: str = "t") -> str:
     """A short identifier unique to this test run and worker."""
     return f"{prefix}_{uuid.uuid4().hex[:12]}"

@@ -20,7 +20,7 @@ from outboxer.config import TableNames
 from outboxer.stores import ddl, open_store
 from tests import catalog
 from tests.acceptance.conftest import Cli
-from tests.conftest import MYSQL_URL, PG_URL, require_service, unique_name
+from tests.conftest import DIALECTS, MYSQL_URL, PG_URL, require_dialect, unique_name
 
 
 class Database:
@@ -75,12 +75,9 @@ class Database:
         )
 
 
-@pytest.fixture(params=["postgres", "mysql", "sqlite"])
+@pytest.fixture(params=DIALECTS)
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
-    if request.param == "postgres":
-        require_service("PostgreSQL", "127.0.0.1", 5432)
-    elif request.param == "mysql":
-        require_service("MariaDB", "127.0.0.1", 3306)
+    require_dialect(request.param)
     db = Database(request.param, tmp_path)
     yield db
     db.drop()

@@ -10,6 +10,7 @@ one has a name unique to this run.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 import os
@@ -48,6 +49,26 @@ def _configure() -> None:
 
 
 _configure()
+
+
+def relay_until_empty(alias: str | None = None) -> None:
+    """What ``manage.py outboxer relay`` does (the shop's in-process handlers), until the outbox
+    of ``alias`` (default: ``OUTBOXER["DATABASE"]``) is empty."""
+    from outboxer.brokers.inprocess.publisher import InProcessPublisher
+    from outboxer.config import RelaySettings
+    from outboxer.integrations.django import database_url, outbox
+    from outboxer.relay import Relay
+    from outboxer.stores import open_store
+
+    async def drain() -> None:
+        async with (
+            open_store(database_url(alias), outbox().names) as store,
+            InProcessPublisher.from_url("inprocess://shop.handlers:registry") as publisher,
+        ):
+            settings = RelaySettings(poll_interval=0.05, min_poll_interval=0.01)
+            await Relay(store, publisher, settings).drain(timeout=60)
+
+    asyncio.run(drain())
 
 
 @pytest.fixture(autouse=True)

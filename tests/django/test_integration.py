@@ -21,13 +21,12 @@ from django.test import override_settings
 from pydantic import BaseModel
 
 import outboxer
-from outboxer.config import RelaySettings, TableNames
 from outboxer.errors import ConfigurationError
 from outboxer.integrations.django import database_url, enqueue, enqueue_many
 from outboxer.integrations.django.models import DeadLetter
-from outboxer.stores import open_store
 from tests import catalog
 from tests.conftest import unique_name
+from tests.django.conftest import relay_until_empty
 
 ALIASES = ["default", "other"]
 db = pytest.mark.django_db(databases=ALIASES, transaction=True)
@@ -76,22 +75,6 @@ def test_django_db_connection_is_the_default_alias_and_refuses_await() -> None:
     assert outbox_rows("other") == []
     with pytest.raises(ConfigurationError, match="synchronous: use 'enqueue"):
         asyncio.run(outboxer.enqueue_async(connection, "orders", {}))
-
-
-def _relay_until_empty(alias: str) -> None:
-    from outboxer.brokers.inprocess.publisher import InProcessPublisher
-    from outboxer.relay import Relay
-
-    async def drain() -> None:
-        url, names = database_url(alias), TableNames()
-        async with (
-            open_store(url, names) as store,
-            InProcessPublisher.from_url("inprocess://shop.handlers:registry") as publisher,
-        ):
-            settings = RelaySettings(poll_interval=0.05, min_poll_interval=0.01)
-            await Relay(store, publisher, settings).drain(timeout=60)
-
-    asyncio.run(drain())
 
 
 @db
@@ -159,7 +142,7 @@ def test_management_commands_take_the_database_from_the_settings(
 def test_dead_letters_in_the_admin_replay_and_delete(alias: str, admin_client: Any) -> None:
     with transaction.atomic(using=alias):
         ids = [enqueue("orders", {"n": n}, type="NoHandler", using=alias) for n in range(3)]
-    _relay_until_empty(alias)  # no handler for NoHandler: dead-lettered at once
+    relay_until_empty(alias)  # no handler for NoHandler: dead-lettered at once
     with override_settings(OUTBOXER={"DATABASE": alias}):
         page = admin_client.get("/admin/outboxer/deadletter/")
         assert page.status_code == 200

@@ -20,29 +20,10 @@ from django.core import mail
 from django.db import connections
 from django.test import AsyncClient, Client, override_settings
 
-from outboxer.brokers.inprocess.publisher import InProcessPublisher
-from outboxer.config import RelaySettings
-from outboxer.integrations.django import database_url, outbox
-from outboxer.relay import Relay
-from outboxer.stores import open_store
 from tests.acceptance.conftest import PYTHONPATH
-from tests.django.conftest import EXAMPLE
+from tests.django.conftest import EXAMPLE, relay_until_empty
 
 ALIASES = ["default", "other"]
-
-
-def relay_until_empty() -> None:
-    """What ``manage.py outboxer relay`` does, until the outbox is empty."""
-
-    async def drain() -> None:
-        async with (
-            open_store(database_url(), outbox().names) as store,
-            InProcessPublisher.from_url("inprocess://shop.handlers:registry") as publisher,
-        ):
-            settings = RelaySettings(poll_interval=0.05, min_poll_interval=0.01)
-            await Relay(store, publisher, settings).drain(timeout=60)
-
-    asyncio.run(drain())
 
 
 async def order_async(email: str, item: str, quantity: int) -> Any:

@@ -22,7 +22,7 @@ from outboxer.config import TableNames
 from outboxer.stores import ddl
 from tests import catalog
 from tests.acceptance.conftest import PYTHONPATH
-from tests.conftest import MYSQL_URL, PG_URL, require_service, unique_name
+from tests.conftest import DIALECTS, MYSQL_URL, PG_URL, require_dialect, unique_name
 
 ENV = """
 from alembic import context
@@ -74,22 +74,15 @@ def alembic_env(tmp_path: Path, url: str, schema: str | None) -> Callable[..., s
     )
 
     def alembic(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "alembic", "-c", str(tmp_path / "alembic.ini"), *args],
-            capture_output=True,
-            text=True,
-            env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin"},
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        return run(sys.executable, "-m", "alembic", "-c", str(tmp_path / "alembic.ini"), *args)
 
     return alembic
 
 
-def outboxer(*args: str) -> str:
+def run(*command: str) -> str:
+    """Run ``command`` with this checkout's outboxer; its stdout (it must succeed)."""
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "outboxer"), *args],
+        command,
         capture_output=True,
         text=True,
         env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin"},
@@ -97,6 +90,10 @@ def outboxer(*args: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def outboxer(*args: str) -> str:
+    return run(str(Path(sys.executable).parent / "outboxer"), *args)
 
 
 class Place:
@@ -151,12 +148,9 @@ class Place:
                 conn.close()
 
 
-@pytest.fixture(params=["postgres", "mysql", "sqlite"])
+@pytest.fixture(params=DIALECTS)
 def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
-    if request.param == "postgres":
-        require_service("PostgreSQL", "127.0.0.1", 5432)
-    elif request.param == "mysql":
-        require_service("MariaDB", "127.0.0.1", 3306)
+    require_dialect(request.param)
     place = Place(request.param, tmp_path)
     place.create()
     yield place
