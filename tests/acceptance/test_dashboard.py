@@ -8,6 +8,7 @@ downloaded browser. What the page does is checked in the database.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import re
 import signal
@@ -112,8 +113,12 @@ def serve(cli: Cli, pg_url: str, pg_schema: str) -> Iterator[Callable[..., Serve
 
 
 @pytest.fixture
-async def dead_letters(pg_store: PostgresStore, pg_url: str, pg_schema: str) -> list[str]:
-    """Four dead letters (three orders, one payment), two pending messages, one live relay."""
+async def dead_letters(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> AsyncIterator[list[str]]:
+    """Four dead letters (three orders, one payment), two pending messages, one live relay
+    (its heartbeat kept fresh for the whole test, as a running relay does: a slow run must not
+    age it out of the page's relay count)."""
     outbox = Outbox(schema=pg_schema)
     conn = await asyncpg.connect(pg_url)
     try:
@@ -147,8 +152,21 @@ async def dead_letters(pg_store: PostgresStore, pg_url: str, pg_schema: str) -> 
     finally:
         await conn.close()
     now = dt.datetime.now(dt.UTC)
-    await pg_store.heartbeat(RelayInfo("relay-demo-1", "worker-1", 4242, now, now))
-    return ids
+    relay = RelayInfo("relay-demo-1", "worker-1", 4242, now, now)
+    await pg_store.heartbeat(relay)
+
+    async def keep_alive() -> None:
+        while True:
+            await asyncio.sleep(1)
+            await pg_store.heartbeat(relay)
+
+    heartbeat = asyncio.create_task(keep_alive())
+    try:
+        yield ids
+    finally:
+        heartbeat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await heartbeat
 
 
 @pytest.fixture
