@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The demo needs only the core (click, aiosqlite): no services, no compilers, no apt.
+DEMO_STAMP := $(VENV)/.demo-installed
 
 .PHONY: demo test lint unit soak bench clean chromium mysqlclient-deps
 
@@ -20,7 +22,11 @@ mysqlclient-deps:
 	@pkg-config --exists libmariadb 2>/dev/null || (apt-get update -qq && \
 		apt-get install -y -qq libmariadb-dev pkg-config >/dev/null)
 
-demo: $(STAMP)
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/outboxer demo
 
 lint: $(STAMP)

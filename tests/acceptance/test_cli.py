@@ -370,6 +370,7 @@ def test_demo_tells_the_whole_story(cli: Cli) -> None:
     assert "never sent (1)" in out and "rolled back" in out
     assert "dead-lettered (1)" in out and "after 3 attempts" in out
     assert "welcome e-mail sent to bob@example.com" in out
+    assert result.stderr.strip() == "", "the demo narrates itself: no relay log lines"
 
 
 async def test_dlq_list_and_show_escape_terminal_control_sequences(

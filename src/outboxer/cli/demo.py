@@ -20,5 +20,5 @@ def demo(database: str | None) -> None:
     """The order pipeline and welcome e-mails on SQLite with in-process handlers."""
     from outboxer import demo as demo_module
 
-    logging.getLogger("outboxer").setLevel(logging.ERROR)  # the demo narrates itself
+    logging.getLogger("outboxer").setLevel(logging.CRITICAL)  # the demo narrates itself
     asyncio.run(demo_module.run(database))
