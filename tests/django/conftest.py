@@ -1,5 +1,6 @@
 """Django for the tests of this folder only: the example shop (examples/django_shop) with its
-orders and the outbox on PostgreSQL (alias ``default``) and on SQLite (alias ``other``).
+orders and the outbox on PostgreSQL (alias ``default``), SQLite (``other``) and MariaDB
+(``mariadb``).
 
 pytest-django is installed for the whole suite but does nothing until Django's settings are
 configured, which happens here, when this folder is collected: the other tests see no Django
@@ -44,7 +45,16 @@ def _configure() -> None:
     finally:
         for name in environment:
             os.environ.pop(name)
-    settings.configure(**{name: getattr(module, name) for name in dir(module) if name.isupper()})
+    values = {name: getattr(module, name) for name in dir(module) if name.isupper()}
+    # MariaDB too, as a third database (the example itself runs on one)
+    values["DATABASES"]["mariadb"] = {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": f"shop_{uuid.uuid4().hex[:8]}",
+        "USER": "root",
+        "HOST": "127.0.0.1",
+        "PORT": "3306",
+    }
+    settings.configure(**values)
     django.setup()
 
 
@@ -84,7 +94,9 @@ def _empty_outbox(request: pytest.FixtureRequest) -> Iterator[None]:
     for alias in marker.kwargs.get("databases", ["default"]):
         with connections[alias].cursor() as cursor:
             for suffix in ("", "_dead_letters", "_relays", "_sweeps"):
-                cursor.execute(f'DELETE FROM "outbox{suffix}"')
+                cursor.execute(
+                    f"DELETE FROM {connections[alias].ops.quote_name(f'outbox{suffix}')}"
+                )
 
 
 @pytest.fixture(autouse=True)

@@ -28,7 +28,7 @@ from tests import catalog
 from tests.conftest import unique_name
 from tests.django.conftest import relay_until_empty
 
-ALIASES = ["default", "other"]
+ALIASES = ["default", "other", "mariadb"]
 db = pytest.mark.django_db(databases=ALIASES, transaction=True)
 
 
@@ -43,9 +43,15 @@ class Refunded(BaseModel):
 
 
 def outbox_rows(alias: str) -> list[tuple[Any, ...]]:
+    quote = connections[alias].ops.quote_name
     with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT topic, key, type, payload FROM outbox ORDER BY seq")
-        return [(t, k, ty, bytes(p).decode()) for t, k, ty, p in cursor.fetchall()]
+        cursor.execute(f"SELECT topic, {quote('key')}, type, payload FROM outbox ORDER BY seq")
+        return [tuple(_text(value) for value in row) for row in cursor.fetchall()]
+
+
+def _text(value: Any) -> Any:
+    # MySQL returns its VARBINARY identifiers as bytes, the payload is bytes everywhere
+    return bytes(value).decode() if isinstance(value, bytes | memoryview) else value
 
 
 @db
@@ -82,7 +88,8 @@ def test_django_db_connection_is_the_default_alias_and_refuses_await() -> None:
 def test_the_migrations_build_the_schema_db_upgrade_builds(alias: str, tmp_path: Path) -> None:
     # pytest-django migrated the test database: the app's migration ran on it
     url = database_url(alias)
-    if connections[alias].vendor == "sqlite":
+    vendor = connections[alias].vendor
+    if vendor == "sqlite":
         reference = tmp_path / "reference.db"
         call_command("outboxer", "db", "upgrade", "--database-url", f"sqlite:///{reference}")
         migrated, upgraded = (
@@ -90,13 +97,22 @@ def test_the_migrations_build_the_schema_db_upgrade_builds(alias: str, tmp_path:
             catalog.sqlite(reference),
         )
     else:
-        schema = unique_name("reference")
+        schema = unique_name("reference")  # a schema beside the test database's (MySQL: a database)
         try:
-            call_command("outboxer", "db", "upgrade", "--schema", schema)
-            migrated, upgraded = catalog.postgres(url, "public"), catalog.postgres(url, schema)
+            call_command("outboxer", "db", "upgrade", "--database-url", url, "--schema", schema)
+            if vendor == "postgresql":
+                migrated, upgraded = catalog.postgres(url, "public"), catalog.postgres(url, schema)
+            else:
+                name = connections[alias].settings_dict["NAME"]
+                migrated, upgraded = catalog.mysql(name), catalog.mysql(schema)
         finally:
+            drop = (
+                "DROP SCHEMA IF EXISTS {} CASCADE"
+                if vendor == "postgresql"
+                else "DROP DATABASE IF EXISTS {}"
+            )
             with connections[alias].cursor() as cursor:
-                cursor.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                cursor.execute(drop.format(connections[alias].ops.quote_name(schema)))
     assert upgraded["versions"] == [1, 2, 3, 4]
     assert migrated == upgraded
 

@@ -1,6 +1,6 @@
 """The example shop (examples/django_shop): a customer registers and orders (sync and async
 views); after the commit, the relay sends the welcome and confirmation e-mails; an order that
-fails sends nothing. On PostgreSQL (alias ``default``) and SQLite (``other``).
+fails sends nothing. On PostgreSQL (alias ``default``), SQLite (``other``) and MariaDB.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from django.test import AsyncClient, Client, override_settings
 from tests.acceptance.conftest import PYTHONPATH
 from tests.django.conftest import EXAMPLE, relay_until_empty
 
-ALIASES = ["default", "other"]
+ALIASES = ["default", "other", "mariadb"]
 
 
 async def order_async(email: str, item: str, quantity: int) -> Any:

@@ -27,10 +27,12 @@ class IdentifierField(models.CharField):
 
 class MomentField(models.Field):
     """A time: ``timestamptz`` (PostgreSQL), naive UTC ``DATETIME`` (MySQL) or Unix seconds
-    (SQLite). Typed as text for Django so no backend converter runs before this one."""
+    (SQLite), read as an aware datetime. Declared a float to Django: the one type no backend
+    converts on reading (its date and text converters would misread the other backends'
+    values), so :meth:`from_db_value` sees what the driver returned."""
 
     def get_internal_type(self) -> str:
-        return "TextField"
+        return "FloatField"
 
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
         if isinstance(value, int | float):

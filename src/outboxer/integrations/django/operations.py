@@ -40,7 +40,10 @@ class UpgradeOutbox(migrations.RunPython):
 
     def __init__(self, version: int) -> None:
         self.version = version
-        super().__init__(self._forwards, migrations.RunPython.noop)
+        # atomic=False: where DDL is transactional (PostgreSQL, SQLite) the whole migration is
+        # one transaction anyway; on MySQL, which commits each DDL statement, Django refuses
+        # DDL inside atomic(), and every migration of outboxer is safe to run again instead.
+        super().__init__(self._forwards, migrations.RunPython.noop, atomic=False)
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         return (f"{__name__}.{type(self).__qualname__}", [self.version], {})
