@@ -11,12 +11,14 @@ import socket
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncmy
 import asyncpg
 import pytest
 
 from outboxer.config import TableNames
+from outboxer.outbox import Outbox
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
@@ -161,3 +163,59 @@ async def sqlite_store(sqlite_path: Path) -> AsyncIterator[SqliteStore]:
 @pytest.fixture
 def topic() -> str:
     return unique_name("topic").replace("_", "-")
+
+
+class Server:
+    """One outbox on a server database (PostgreSQL or MariaDB), for tests that run on both: a
+    migrated store, more stores of the same outbox, and the application's writes."""
+
+    def __init__(self, url: str, schema: str, store: PostgresStore | MysqlStore) -> None:
+        self.url, self.schema, self.store = url, schema, store
+        self.mysql = url.startswith("mysql")
+
+    def open_store(self) -> PostgresStore | MysqlStore:
+        """Another (not yet opened) store of the same outbox: another relay's."""
+        names = TableNames(schema=self.schema)
+        return MysqlStore(self.url, names) if self.mysql else PostgresStore(self.url, names)
+
+    async def write(self, messages: list[dict[str, Any]]) -> list[str]:
+        """Commit ``messages`` (``enqueue`` arguments) in one transaction, in write order; on
+        PostgreSQL, wait until they passed the commit-order gate."""
+        outbox = Outbox(schema=self.schema)
+        if self.mysql:
+            conn = await mysql_connect(self.schema)
+            try:
+                await conn.begin()
+                ids = await outbox.enqueue_many_async(conn, messages)
+                await conn.commit()
+            finally:
+                conn.close()
+            return ids
+        pg = await asyncpg.connect(self.url)
+        try:
+            async with pg.transaction():
+                ids = await outbox.enqueue_many_async(pg, messages)
+        finally:
+            await pg.close()
+        assert isinstance(self.store, PostgresStore)
+        await wait_past_commit_gate(self.store)
+        return ids
+
+    async def fill(self, count: int, keys: int | None = None) -> list[str]:
+        """``count`` messages of topic ``orders`` (key = n % keys)."""
+        return await self.write(
+            [
+                {"topic": "orders", "payload": {"n": n}, "key": (n % keys) if keys else None}
+                for n in range(count)
+            ]
+        )
+
+
+@pytest.fixture(params=["postgres", "mariadb"])
+def server(request: pytest.FixtureRequest) -> Server:
+    """The test runs once on PostgreSQL and once on MariaDB, each in a fresh schema/database."""
+    if request.param == "postgres":
+        names = ("pg_url", "pg_schema", "pg_store")
+    else:
+        names = ("mysql_url", "mysql_database", "mysql_store")
+    return Server(*(request.getfixturevalue(name) for name in names))

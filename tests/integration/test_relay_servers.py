@@ -12,19 +12,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-import asyncpg
-import pytest
-
 import outboxer
-from outboxer.config import Backoff, RelaySettings, TableNames
+from outboxer.config import Backoff, RelaySettings
 from outboxer.errors import PublishError, RetryablePublishError
 from outboxer.message import Message
-from outboxer.ports import DatabaseStore, Settlement
+from outboxer.ports import Settlement
 from outboxer.relay import Relay
 from outboxer.stores.mysql import MysqlStore
-from outboxer.stores.postgres import PostgresStore
 from outboxer.testing import RecordingPublisher
-from tests.conftest import mysql_connect, wait_past_commit_gate
+from tests.conftest import Server, mysql_connect
 
 QUICK = RelaySettings(
     batch_size=500,
@@ -34,78 +30,35 @@ QUICK = RelaySettings(
 )
 
 
-class Server:
-    """One outbox on a server database: a migrated store, more stores of it, the application's
-    writes, and the few statements whose SQL differs."""
-
-    def __init__(self, url: str, schema: str, store: DatabaseStore) -> None:
-        self.url, self.schema, self.store = url, schema, store
-        self.mysql = url.startswith("mysql")
-
-    def open_store(self) -> DatabaseStore:
-        """Another (not yet opened) store of the same outbox: another relay's."""
-        names = TableNames(schema=self.schema)
-        return MysqlStore(self.url, names) if self.mysql else PostgresStore(self.url, names)
-
-    async def fill(self, count: int, keys: int | None = None) -> list[str]:
-        """Commit ``count`` messages in write order (key = n % keys) through the write API;
-        on PostgreSQL, wait until they passed the commit-order gate."""
-        outbox = outboxer.Outbox(schema=self.schema)
-        messages = [
-            {"topic": "orders", "payload": {"n": n}, "key": (n % keys) if keys else None}
-            for n in range(count)
-        ]
-        if self.mysql:
-            conn = await mysql_connect(self.schema)
-            try:
-                await conn.begin()
-                ids = await outbox.enqueue_many_async(conn, messages)
-                await conn.commit()
-            finally:
-                conn.close()
-            return ids
-        pg = await asyncpg.connect(self.url)
-        try:
-            ids = await outbox.enqueue_many_async(pg, messages)
-        finally:
-            await pg.close()
-        assert isinstance(self.store, PostgresStore)
-        await wait_past_commit_gate(self.store)
-        return ids
-
-    async def age_dead_letters(self, ids: Sequence[str], days: int) -> None:
-        if self.mysql:
-            await self.store.execute(  # type: ignore[attr-defined]
-                "UPDATE {dead_letters} SET dead_lettered_at = UTC_TIMESTAMP(6) - INTERVAL "
-                f"{days} DAY WHERE id IN %(ids)s",
-                {"ids": tuple(ids)},
-            )
-        else:
-            await self.store.execute(  # type: ignore[attr-defined]
-                f"UPDATE {{dead_letters}} SET dead_lettered_at = now() - interval '{days} days' "
-                "WHERE id = ANY($1::text[])",
-                list(ids),
-            )
-
-    async def run_relays(self, publisher: Any, count: int, settings: RelaySettings) -> list[Any]:
-        stores = [self.open_store() for _ in range(count)]
-        for store in stores:
-            await store.__aenter__()
-        try:
-            relays = [Relay(store, publisher, settings) for store in stores]
-            return await asyncio.gather(*(relay.drain(timeout=120) for relay in relays))
-        finally:
-            for store in stores:
-                await store.__aexit__(None, None, None)
-
-
-@pytest.fixture(params=["postgres", "mariadb"])
-def server(request: pytest.FixtureRequest) -> Server:
-    if request.param == "postgres":
-        names = ("pg_url", "pg_schema", "pg_store")
+async def age_dead_letters(server: Server, ids: Sequence[str], days: int) -> None:
+    if server.mysql:
+        sql = (
+            "UPDATE {dead_letters} SET dead_lettered_at = UTC_TIMESTAMP(6) - INTERVAL %(days)s DAY"
+        )
+        await server.store.execute(  # type: ignore[attr-defined]
+            f"{sql} WHERE id IN %(ids)s", {"days": days, "ids": tuple(ids)}
+        )
     else:
-        names = ("mysql_url", "mysql_database", "mysql_store")
-    return Server(*(request.getfixturevalue(name) for name in names))
+        await server.store.execute(
+            "UPDATE {dead_letters} SET dead_lettered_at = now() - make_interval(days => $1) "
+            "WHERE id = ANY($2::text[])",
+            days,
+            list(ids),
+        )
+
+
+async def run_relays(
+    server: Server, publisher: Any, count: int, settings: RelaySettings
+) -> list[Any]:
+    stores = [server.open_store() for _ in range(count)]
+    for store in stores:
+        await store.__aenter__()
+    try:
+        relays = [Relay(store, publisher, settings) for store in stores]
+        return await asyncio.gather(*(relay.drain(timeout=120) for relay in relays))
+    finally:
+        for store in stores:
+            await store.__aexit__(None, None, None)
 
 
 async def test_three_relays_share_20000_messages_without_loss_or_duplicates(
@@ -114,7 +67,7 @@ async def test_three_relays_share_20000_messages_without_loss_or_duplicates(
     ids = await server.fill(20_000)
     publisher = RecordingPublisher()
     settings = RelaySettings(batch_size=200, ordered=False, poll_interval=0.2)
-    counters = await server.run_relays(publisher, 3, settings)
+    counters = await run_relays(server, publisher, 3, settings)
     published = [m.id for m in publisher.messages]
     assert len(published) == 20_000 == len(set(published))
     assert set(published) == set(ids)
@@ -125,7 +78,7 @@ async def test_three_relays_share_20000_messages_without_loss_or_duplicates(
 async def test_three_ordered_relays_keep_per_key_order(server: Server) -> None:
     ids = await server.fill(6_000, keys=50)
     publisher = RecordingPublisher()
-    await server.run_relays(publisher, 3, RelaySettings(batch_size=100))
+    await run_relays(server, publisher, 3, RelaySettings(batch_size=100))
     assert len(publisher.messages) == 6_000 == len({m.id for m in publisher.messages})
     position = {message_id: n for n, message_id in enumerate(ids)}
     by_key: dict[str | None, list[int]] = collections.defaultdict(list)
@@ -139,7 +92,6 @@ async def test_three_ordered_relays_keep_per_key_order(server: Server) -> None:
 async def test_poison_dead_lettered_after_three_attempts_while_others_flow(
     server: Server,
 ) -> None:
-    outbox = outboxer.Outbox(schema=server.schema)
     poison_message = {
         "topic": "orders",
         "payload": {"order": 13},
@@ -148,20 +100,7 @@ async def test_poison_dead_lettered_after_three_attempts_while_others_flow(
         "headers": {"a": "b"},
     }
     messages = [poison_message, *({"topic": "orders", "payload": {"order": n}} for n in range(50))]
-    if server.mysql:
-        conn = await mysql_connect(server.schema)
-        try:
-            await conn.begin()
-            poison, *good = await outbox.enqueue_many_async(conn, messages)
-            await conn.commit()
-        finally:
-            conn.close()
-    else:
-        pg = await asyncpg.connect(server.url)
-        try:
-            poison, *good = await outbox.enqueue_many_async(pg, messages)
-        finally:
-            await pg.close()
+    poison, *good = await server.write(messages)
 
     def reject(message: Message) -> RetryablePublishError | None:
         return (
@@ -224,7 +163,7 @@ async def test_sweeper_purges_dead_letters_past_retention_in_batches(server: Ser
     store = server.store
     claim = await store.claim_batch(limit=120, lease_seconds=30, ordered=False, relay_id="r")
     await store.settle(claim, Settlement(dead=[(i, "bad") for i in ids]))
-    await server.age_dead_letters(ids[:100], days=2)
+    await age_dead_letters(server, ids[:100], days=2)
     for _ in range(2):
         report = await store.sweep(
             sweeper="s", interval=0.001, retention_seconds=86400, batch_size=50
@@ -265,7 +204,7 @@ async def test_a_publish_slower_than_the_lease_is_published_once(server: Server)
     settings = replace(
         QUICK, batch_size=5, lease_seconds=lease, heartbeat_interval=lease / 4, ordered=False
     )
-    await server.run_relays(publisher, 2, settings)  # both drain the outbox
+    await run_relays(server, publisher, 2, settings)  # both drain the outbox
     published = collections.Counter(m.id for m in publisher.messages)
     assert published[slow_id] == 1  # the other relay never took it over
     assert set(published) == set(ids) and max(published.values()) == 1

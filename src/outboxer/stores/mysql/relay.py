@@ -56,20 +56,29 @@ def micros(seconds: float) -> int:
 def keep_in_order(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The candidates of an ordered claim that may be leased now.
 
-    Unkeyed rows are always kept. A keyed row is kept when every earlier row of its key, seen
-    with other transactions' uncommitted rows, is among this claim's candidates: its
-    ``position`` in the key equals its rank among the candidates of that key, in seq order.
+    Unkeyed rows are always kept. A key's candidates are kept from its first one for as long as
+    each one's ``position`` (the rows of its key up to it, uncommitted rows included) equals its
+    rank among the candidates of that key: every earlier row of the key is in this batch. After
+    the first candidate that fails, none of its key is kept. The positions are not read from
+    one snapshot (``READ UNCOMMITTED`` reads each row as it is at that instant), so a later
+    candidate may match where an earlier one did not, because a row of its key vanished (an
+    acknowledgement committed) between the two reads: taking it would skip the earlier one.
     """
-    rank: dict[str, int] = {}
+    rank: dict[bytes, int] = {}
+    stopped: set[bytes] = set()
     kept = []
     for row in sorted(rows, key=lambda r: r["seq"]):
         key = row["key"]
         if key is None:
             kept.append(row)
             continue
+        if key in stopped:
+            continue
         rank[key] = rank.get(key, 0) + 1
         if row["position"] == rank[key]:
             kept.append(row)
+        else:
+            stopped.add(key)
     return kept
 
 
