@@ -1,5 +1,6 @@
-"""Relays killed with SIGKILL, a broker cut, PostgreSQL restarted: nothing lost, per-key order of
-first deliveries equals write order, duplicates within the documented bound.
+"""Relays killed with SIGKILL (on PostgreSQL and MariaDB), a broker cut, PostgreSQL restarted:
+nothing lost, per-key order of first deliveries equals write order, duplicates within the
+documented bound.
 
 The broker is Redis Streams behind a TCP proxy the test can cut; the relays are real
 ``outboxer relay`` processes.
@@ -25,8 +26,9 @@ import redis.asyncio as aioredis
 
 import outboxer
 from outboxer.config import TableNames
+from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
-from tests.conftest import require_service
+from tests.conftest import Server, require_service
 from tests.tcp_proxy import TcpProxy
 
 OUTBOXER = str(Path(sys.executable).parent / "outboxer")
@@ -125,7 +127,7 @@ async def first_delivery_orders(stream: str) -> tuple[dict[str, list[int]], int,
     return orders, len(entries), len(seen)
 
 
-async def wait_drained(store: PostgresStore, timeout: float) -> None:
+async def wait_drained(store: PostgresStore | MysqlStore, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         stats = await store.stats()
@@ -137,36 +139,42 @@ async def wait_drained(store: PostgresStore, timeout: float) -> None:
 
 
 async def test_four_relays_killed_at_random_with_a_broker_outage(
-    pg_url: str, pg_schema: str, redis_stream: str, tmp_path: Path
+    server: Server, redis_stream: str, tmp_path: Path
 ) -> None:
+    """On PostgreSQL and on MariaDB."""
     total, keys = 40_000, 200
-    async with PostgresStore(pg_url, TableNames(schema=pg_schema)) as store:
-        await store.migrate()
-        await write_messages(pg_url, pg_schema, redis_stream, total, keys)
-        async with TcpProxy("127.0.0.1", 6379) as proxy:
-            relays = Relays(
-                relay_args(pg_url, pg_schema, f"redis://127.0.0.1:{proxy.port}/0"),
-                4,
-                tmp_path,
-            )
-            rng = random.Random(7)
-            started, outage_done = time.monotonic(), False
-            try:
-                while (await store.stats()).pending + (await store.stats()).in_flight > 0:
-                    if time.monotonic() - started > 240:
-                        raise AssertionError("chaos run did not finish in 240 s")
-                    await asyncio.sleep(rng.uniform(1.0, 2.5))
-                    relays.kill_and_restart(rng.randrange(4))
-                    stats = await store.stats()
-                    if not outage_done and stats.pending < total * 2 // 3:
-                        await proxy.cut()  # the broker disappears for 5 s mid-run
-                        await asyncio.sleep(5)
-                        await proxy.restore()
-                        outage_done = True
-                await wait_drained(store, 60)
-            finally:
-                relays.stop()
-        stats = await store.stats()
+    store = server.store
+    for start in range(0, total, 500):  # committed in write order, 500 per transaction
+        await server.write(
+            [
+                {"topic": redis_stream, "payload": {"n": n, "k": n % keys}, "key": f"k{n % keys}"}
+                for n in range(start, min(total, start + 500))
+            ]
+        )
+    async with TcpProxy("127.0.0.1", 6379) as proxy:
+        relays = Relays(
+            relay_args(server.url, server.schema, f"redis://127.0.0.1:{proxy.port}/0"),
+            4,
+            tmp_path,
+        )
+        rng = random.Random(7)
+        started, outage_done = time.monotonic(), False
+        try:
+            while (await store.stats()).pending + (await store.stats()).in_flight > 0:
+                if time.monotonic() - started > 240:
+                    raise AssertionError("chaos run did not finish in 240 s")
+                await asyncio.sleep(rng.uniform(1.0, 2.5))
+                relays.kill_and_restart(rng.randrange(4))
+                stats = await store.stats()
+                if not outage_done and stats.pending < total * 2 // 3:
+                    await proxy.cut()  # the broker disappears for 5 s mid-run
+                    await asyncio.sleep(5)
+                    await proxy.restore()
+                    outage_done = True
+            await wait_drained(store, 60)
+        finally:
+            relays.stop()
+    stats = await store.stats()
     assert outage_done, "the broker outage happened mid-run"
     assert stats.dead_letters == 0
     orders, deliveries, distinct = await first_delivery_orders(redis_stream)
