@@ -41,8 +41,14 @@ def test_a_burst_of_10k_failures_in_one_second_writes_a_bounded_number_of_lines(
             lines.batch(failures(50, start=batch * 100) + failures(50, dead=True, start=50))
         burst = caplog.records[5:]
         assert len(burst) == 15  # the rest of the second's budget: one line per batch and kind
-        assert "50 messages of one batch failed" in burst[0].getMessage()
-        assert "50 messages moved to dead letter in one batch" in burst[1].getMessage()
+        assert (
+            burst[0]
+            .getMessage()
+            .startswith("50 messages of one batch failed and will be retried: m0, m1, ")
+        )
+        assert "; the first: message m0 (key 'o0'" in burst[0].getMessage()
+        assert burst[1].getMessage().startswith("50 messages of one batch moved to dead letter: ")
+        assert burst[1].levelno == logging.ERROR
         assert len(burst[0].message_ids) == 50  # type: ignore[attr-defined]
         now[0] = 1.5
         lines.batch(failures(1))

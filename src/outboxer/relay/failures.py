@@ -112,50 +112,31 @@ class FailureLog:
             )
             self._unlogged_retries = self._unlogged_dead = 0
 
-    def _one(self, failure: FailedPublish) -> None:
-        ids = {"message_ids": [failure.message.id]}
+    def _text(self, failure: FailedPublish) -> tuple[int, str]:
+        """The level and the line of one failed message."""
         if failure.retry_in is None:
-            self._log.error(
-                "%s moved to dead letter after %d attempts: %s",
-                _describe(failure),
-                failure.attempts,
-                failure.reason,
-                extra=ids,
+            return logging.ERROR, (
+                f"{_describe(failure)} moved to dead letter after {failure.attempts} attempts: "
+                f"{failure.reason}"
             )
-        else:
-            self._log.warning(
-                "%s failed, attempt %d of %d; retrying in %.1fs: %s",
-                _describe(failure),
-                failure.attempts,
-                self._max_attempts,
-                failure.retry_in,
-                failure.reason,
-                extra=ids,
-            )
+        return logging.WARNING, (
+            f"{_describe(failure)} failed, attempt {failure.attempts} of {self._max_attempts}; "
+            f"retrying in {failure.retry_in:.1f}s: {failure.reason}"
+        )
+
+    def _one(self, failure: FailedPublish) -> None:
+        level, text = self._text(failure)
+        self._log.log(level, "%s", text, extra={"message_ids": [failure.message.id]})
 
     def _summary(self, failures: Sequence[FailedPublish]) -> None:
-        first = failures[0]
-        ids = {"message_ids": [f.message.id for f in failures]}
-        if first.retry_in is None:
-            self._log.error(
-                "%d messages moved to dead letter in one batch: %s; the first, %s, after %d "
-                "attempts: %s",
-                len(failures),
-                _ids(failures),
-                _describe(first),
-                first.attempts,
-                first.reason,
-                extra=ids,
-            )
-        else:
-            self._log.warning(
-                "%d messages of one batch failed and will be retried: %s; the first, %s, "
-                "attempt %d of %d: %s",
-                len(failures),
-                _ids(failures),
-                _describe(first),
-                first.attempts,
-                self._max_attempts,
-                first.reason,
-                extra=ids,
-            )
+        level, first = self._text(failures[0])
+        dead = failures[0].retry_in is None
+        self._log.log(
+            level,
+            "%d messages of one batch %s: %s; the first: %s",
+            len(failures),
+            "moved to dead letter" if dead else "failed and will be retried",
+            _ids(failures),
+            first,
+            extra={"message_ids": [f.message.id for f in failures]},
+        )
