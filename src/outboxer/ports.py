@@ -54,6 +54,7 @@ __all__ = [
     "MessagePage",
     "MessageReader",
     "MessageState",
+    "NO_REASON",
     "OutboxMessage",
     "OutboxStats",
     "PendingFailure",

@@ -43,6 +43,7 @@ from outboxer.ports import (
     Settlement,
     Store,
     SweepReport,
+    failure_reason,
 )
 from outboxer.stores._common import (
     check_limit,
@@ -523,7 +524,7 @@ class _InboxSession:
         self._inbox.add_failure(consumer, message, attempts, failure)
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
-        self._dead_letter(message, attempts, reason)
+        self._dead_letter(message, attempts, failure_reason(reason))
 
     async def end_message(self) -> None:
         return None

@@ -67,3 +67,14 @@ def test_a_dead_letter_line_names_id_key_type_attempts_and_reason(
     assert record.getMessage() == (
         "message m0 (key 'o0', type 'OrderPlaced') moved to dead letter after 3 attempts: boom"
     )
+
+
+def test_failures_without_text_get_a_reason_on_every_path() -> None:
+    from outboxer.ports import NO_REASON, ConsumeFailure, Retry, Settlement
+
+    assert Retry("m1", 1.0, "").reason == NO_REASON
+    assert ConsumeFailure("  ", None).reason == NO_REASON
+    assert Settlement(dead=[("m1", ""), ("m2", "why")]).dead_letters() == [
+        ("m1", NO_REASON),
+        ("m2", "why"),
+    ]

@@ -21,7 +21,13 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from outboxer.message import Message, encode_headers
-from outboxer.ports import ConsumeFailure, InboxHandler, InboxReceipt, PendingFailure
+from outboxer.ports import (
+    ConsumeFailure,
+    InboxHandler,
+    InboxReceipt,
+    PendingFailure,
+    failure_reason,
+)
 from outboxer.stores._common import message_from_row
 from outboxer.stores.mysql.connection import Conn, MysqlPart, execute, fetch_one, fetch_value
 from outboxer.stores.mysql.relay import micros, text_row, utc
@@ -158,7 +164,7 @@ class _MessageTransaction:
         await execute(self._conn, self._q["inbox_failure_insert"], args)
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
-        args = {**_message_args(message), "attempts": attempts, "reason": reason}
+        args = {**_message_args(message), "attempts": attempts, "reason": failure_reason(reason)}
         await execute(self._conn, self._q["inbox_dead_letter"], args)
 
     async def lock_failure(self, consumer: str, message_id: str) -> PendingFailure | None:

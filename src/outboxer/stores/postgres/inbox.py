@@ -18,7 +18,13 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from outboxer.message import Message, encode_headers
-from outboxer.ports import ConsumeFailure, InboxHandler, InboxReceipt, PendingFailure
+from outboxer.ports import (
+    ConsumeFailure,
+    InboxHandler,
+    InboxReceipt,
+    PendingFailure,
+    failure_reason,
+)
 from outboxer.stores._common import message_from_row
 from outboxer.stores.postgres.connection import Conn, PostgresPart
 
@@ -129,7 +135,7 @@ class _MessageTransaction:
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
         await self._conn.execute(
-            self._q["inbox_dead_letter"], *_message_args(message), reason, attempts
+            self._q["inbox_dead_letter"], *_message_args(message), failure_reason(reason), attempts
         )
 
     async def lock_failure(self, consumer: str, message_id: str) -> PendingFailure | None:

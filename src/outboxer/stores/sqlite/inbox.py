@@ -15,7 +15,13 @@ from typing import Any
 import aiosqlite
 
 from outboxer.message import Message, encode_headers
-from outboxer.ports import ConsumeFailure, InboxHandler, InboxReceipt, PendingFailure
+from outboxer.ports import (
+    ConsumeFailure,
+    InboxHandler,
+    InboxReceipt,
+    PendingFailure,
+    failure_reason,
+)
 from outboxer.stores._common import message_from_row
 from outboxer.stores.sqlite.connection import SqlitePart, immediate
 
@@ -120,7 +126,11 @@ class _Transaction:
         await self._conn.execute(self._q["inbox_failure_insert"], params)
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
-        params = {**_message_params(message), "reason": reason, "attempts": attempts}
+        params = {
+            **_message_params(message),
+            "reason": failure_reason(reason),
+            "attempts": attempts,
+        }
         await self._conn.execute(self._q["inbox_dead_letter"], params)
 
     async def lock_failure(self, consumer: str, message_id: str) -> PendingFailure | None:
