@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import os
 import platform
+import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ from outboxer._ids import new_message_id
 from outboxer.config import RelaySettings, TableNames
 from outboxer.errors import PublishError
 from outboxer.message import JSON, Message
-from outboxer.ports import Publisher
+from outboxer.ports import Publisher, Settlement
 from outboxer.relay import Relay
 from outboxer.stores.postgres import PostgresStore
 
@@ -98,13 +99,38 @@ async def fill(
 async def drain_rate(schema: str, publisher: Any, settings: RelaySettings, count: int) -> float:
     """msg/s of one relay draining a pre-filled outbox of ``count`` messages."""
     async with PostgresStore(PG_URL, TableNames(schema=schema)) as store:
-        relay = Relay(store, publisher, settings)
-        started = time.perf_counter()
-        counters = await relay.drain(timeout=600)
-        elapsed = time.perf_counter() - started
+        return await drain_store(store, publisher, settings, count)
+
+
+async def drain_store(store: Any, publisher: Any, settings: RelaySettings, count: int) -> float:
+    """msg/s of one relay draining ``store`` (open, pre-filled with ``count`` messages)."""
+    relay = Relay(store, publisher, settings)
+    started = time.perf_counter()
+    counters = await relay.drain(timeout=600)
+    elapsed = time.perf_counter() - started
     if counters.published != count:
         raise RuntimeError(f"published {counters.published} of {count}")
     return count / elapsed
+
+
+async def claim_cost(store: Any, *, ordered: bool, rounds: int = 20) -> tuple[float, float]:
+    """Median µs per message of ``claim_batch`` (500) and of its acknowledgement, on ``store``
+    (open, pre-filled)."""
+    samples = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        claim = await store.claim_batch(
+            limit=500, lease_seconds=30, ordered=ordered, relay_id="bench"
+        )
+        claimed = time.perf_counter()
+        await store.settle(claim, Settlement(published=[m.id for m in claim.messages]))
+        settled = time.perf_counter()
+        count = len(claim.messages)
+        samples.append(((claimed - started) / count, (settled - claimed) / count))
+    return (
+        statistics.median(s[0] for s in samples) * 1e6,
+        statistics.median(s[1] for s in samples) * 1e6,
+    )
 
 
 CHUNK = 500  # the relay's batch size

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import statistics
 import sys
 import time
 import uuid
@@ -29,11 +28,10 @@ import asyncpg
 
 import outboxer
 from benchmarks.brokers import kafka, redis
-from benchmarks.common import PAYLOAD, PG_URL, NullPublisher, save
+from benchmarks.common import PAYLOAD, PG_URL, NullPublisher, claim_cost, drain_store, save
 from outboxer.brokers import publisher_from_url
 from outboxer.config import RelaySettings, TableNames
-from outboxer.ports import DatabaseStore, Settlement
-from outboxer.relay import Relay
+from outboxer.ports import DatabaseStore
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 
@@ -110,36 +108,12 @@ async def fill(database: str, schema: str, topic: str = "orders") -> None:
                 await cur.execute(f"ANALYZE TABLE `{schema}`.outbox")
 
 
-async def drain(store: DatabaseStore, publisher: Any, ordered: bool) -> float:
-    """msg/s of one relay draining the outbox."""
-    relay = Relay(store, publisher, RelaySettings(ordered=ordered))
-    started = time.perf_counter()
-    counters = await relay.drain(timeout=600)
-    elapsed = time.perf_counter() - started
-    if counters.published != COUNT:
-        raise RuntimeError(f"published {counters.published} of {COUNT}")
-    return COUNT / elapsed
-
-
-async def claim_cost(database: str, ordered: bool) -> dict[str, Any]:
-    samples = []
+async def claim_costs(database: str, ordered: bool) -> dict[str, Any]:
     async with fresh(database) as (schema, store):
         await fill(database, schema)
         async with store() as opened:
-            for _ in range(20):
-                started = time.perf_counter()
-                claim = await opened.claim_batch(
-                    limit=500, lease_seconds=30, ordered=ordered, relay_id="bench"
-                )
-                claimed = time.perf_counter()
-                await opened.settle(claim, Settlement(published=[m.id for m in claim.messages]))
-                settled = time.perf_counter()
-                count = len(claim.messages)
-                samples.append(((claimed - started) / count, (settled - claimed) / count))
-    return {
-        "claim_us_per_msg": round(statistics.median(s[0] for s in samples) * 1e6, 2),
-        "ack_us_per_msg": round(statistics.median(s[1] for s in samples) * 1e6, 2),
-    }
+            claim_us, ack_us = await claim_cost(opened, ordered=ordered)
+    return {"claim_us_per_msg": round(claim_us, 2), "ack_us_per_msg": round(ack_us, 2)}
 
 
 async def relay_rate(database: str, broker: str, ordered: bool) -> dict[str, Any]:
@@ -156,7 +130,8 @@ async def relay_rate(database: str, broker: str, ordered: bool) -> dict[str, Any
         else:
             publisher = await stack.enter_async_context(publisher_from_url(url))
         opened = await stack.enter_async_context(store())
-        return {"msg_per_s": round(await drain(opened, publisher, ordered))}
+        settings = RelaySettings(ordered=ordered)
+        return {"msg_per_s": round(await drain_store(opened, publisher, settings, COUNT))}
 
 
 async def write_overhead(database: str) -> dict[str, Any]:
@@ -209,7 +184,7 @@ async def main(parts: list[str]) -> dict[str, Any]:
         for database in ("postgres", "mariadb"):
             for ordered in (True, False) if part != "write" else (True,):
                 if part == "claim":
-                    figures = await claim_cost(database, ordered)
+                    figures = await claim_costs(database, ordered)
                 elif part == "write":
                     figures = await write_overhead(database)
                 else:

@@ -12,16 +12,21 @@ Run: ``.venv/bin/python -m benchmarks.relay_db``
 from __future__ import annotations
 
 import asyncio
-import statistics
-import time
 from typing import Any
 
-from benchmarks.common import PG_URL, NullPublisher, drain_rate, fill, fresh_schema, save
+from benchmarks.common import (
+    PG_URL,
+    NullPublisher,
+    claim_cost,
+    drain_rate,
+    fill,
+    fresh_schema,
+    save,
+)
 from outboxer.brokers.inprocess.publisher import InProcessPublisher
 from outboxer.config import RelaySettings, TableNames
 from outboxer.inbox.registry import HandlerRegistry
 from outboxer.message import Message
-from outboxer.ports import Settlement
 from outboxer.stores.postgres import PostgresStore
 
 COUNT = 20_000
@@ -67,29 +72,13 @@ async def relay_rates() -> list[dict[str, Any]]:
 async def claim_costs() -> list[dict[str, Any]]:
     rows = []
     for ordered in (True, False):
-        samples = []
         async with (
             fresh_schema("bench_claim") as schema,
             PostgresStore(PG_URL, TableNames(schema=schema)) as store,
         ):
             await store.migrate()
             await fill(schema, COUNT, keys=1000)
-            for _ in range(20):
-                started = time.perf_counter()
-                claim = await store.claim_batch(
-                    limit=500, lease_seconds=30, ordered=ordered, relay_id="bench"
-                )
-                claimed = time.perf_counter()
-                await store.settle(claim, Settlement(published=[m.id for m in claim.messages]))
-                settled = time.perf_counter()
-                samples.append(
-                    (
-                        (claimed - started) / len(claim.messages),
-                        (settled - claimed) / len(claim.messages),
-                    )
-                )
-        claim_us = statistics.median(s[0] for s in samples) * 1e6
-        ack_us = statistics.median(s[1] for s in samples) * 1e6
+            claim_us, ack_us = await claim_cost(store, ordered=ordered)
         rows.append(
             {
                 "ordered": ordered,

@@ -17,40 +17,6 @@ from outboxer.stores.postgres import PostgresStore
 from outboxer.testing import RecordingPublisher
 
 
-async def fill(pg_url: str, schema: str, count: int, keys: int | None = None) -> list[str]:
-    """Commit ``count`` messages in write order (key = n % keys)."""
-    outbox = outboxer.Outbox(schema=schema)
-    messages = [
-        {"topic": "orders", "payload": {"n": n}, "key": (n % keys) if keys else None, "type": "T"}
-        for n in range(count)
-    ]
-    conn = await asyncpg.connect(pg_url)
-    try:
-        return await outbox.enqueue_many_async(conn, messages)
-    finally:
-        await conn.close()
-
-
-async def test_notify_wakes_an_idle_relay_long_before_its_poll(
-    pg_store: PostgresStore, pg_url: str, pg_schema: str
-) -> None:
-    publisher = RecordingPublisher()
-    # Poll only every 60 s: a delivery within 10 s can only come from the NOTIFY doorbell.
-    settings = RelaySettings(poll_interval=60, min_poll_interval=60, heartbeat_interval=5)
-    relay = Relay(pg_store, publisher, settings)
-    task = asyncio.create_task(relay.run())
-    try:
-        await asyncio.sleep(0.5)  # the relay is idle and listening
-        [message_id] = await fill(pg_url, pg_schema, 1)
-        started = time.monotonic()
-        while not publisher.messages and time.monotonic() - started < 10:
-            await asyncio.sleep(0.01)
-        assert [m.id for m in publisher.messages] == [message_id]
-    finally:
-        relay.stop()
-        await task
-
-
 async def test_upgrade_is_idempotent_and_equals_a_fresh_install(
     pg_url: str, pg_schema: str
 ) -> None:

@@ -210,17 +210,12 @@ async def test_a_publish_slower_than_the_lease_is_published_once(server: Server)
     assert set(published) == set(ids) and max(published.values()) == 1
 
 
-# -- MySQL only -----------------------------------------------------------------------------------
-
-
-async def test_the_mysql_doorbell_wakes_an_idle_relay_long_before_its_poll(
-    mysql_store: MysqlStore, mysql_url: str, mysql_database: str
-) -> None:
-    server = Server(mysql_url, mysql_database, mysql_store)
+async def test_the_doorbell_wakes_an_idle_relay_long_before_its_poll(server: Server) -> None:
+    """PostgreSQL rings by NOTIFY, MySQL by the newest seq the idle relay polls for."""
     publisher = RecordingPublisher()
     # Poll only every 60 s: a delivery within 10 s can only come from the doorbell.
     settings = RelaySettings(poll_interval=60, min_poll_interval=60, heartbeat_interval=5)
-    relay = Relay(mysql_store, publisher, settings)
+    relay = Relay(server.store, publisher, settings)
     task = asyncio.create_task(relay.run())
     try:
         await asyncio.sleep(0.5)  # the relay is idle
@@ -232,6 +227,9 @@ async def test_the_mysql_doorbell_wakes_an_idle_relay_long_before_its_poll(
     finally:
         relay.stop()
         await task
+
+
+# -- MySQL only -----------------------------------------------------------------------------------
 
 
 async def test_writers_racing_on_one_key_are_published_in_write_order(

@@ -265,15 +265,23 @@ def mysqlclient_tx(database: str) -> Iterator[Any]:
 
 
 @contextlib.asynccontextmanager
-async def asyncmy_tx(database: str) -> AsyncIterator[Any]:
-    conn = await asyncmy.connect(host="127.0.0.1", user="root", database=database)
+async def async_mysql_tx(conn: Any) -> AsyncIterator[Any]:
+    """``conn`` (asyncmy or aiomysql, same API) in a transaction, committed at the end."""
+    await conn.begin()
     try:
-        await conn.begin()
         yield conn
         await conn.commit()
     except BaseException:
         await conn.rollback()
         raise
+
+
+@contextlib.asynccontextmanager
+async def asyncmy_tx(database: str) -> AsyncIterator[Any]:
+    conn = await asyncmy.connect(host="127.0.0.1", user="root", database=database)
+    try:
+        async with async_mysql_tx(conn):
+            yield conn
     finally:
         conn.close()
 
@@ -283,26 +291,17 @@ async def asyncmy_pool_tx(database: str) -> AsyncIterator[Any]:
     async with (
         asyncmy.create_pool(host="127.0.0.1", user="root", database=database, maxsize=1) as pool,
         pool.acquire() as conn,
+        async_mysql_tx(conn),
     ):
-        await conn.begin()
-        try:
-            yield conn
-            await conn.commit()
-        except BaseException:
-            await conn.rollback()
-            raise
+        yield conn
 
 
 @contextlib.asynccontextmanager
 async def aiomysql_tx(database: str) -> AsyncIterator[Any]:
     conn = await aiomysql.connect(host="127.0.0.1", user="root", db=database)
     try:
-        await conn.begin()
-        yield conn
-        await conn.commit()
-    except BaseException:
-        await conn.rollback()
-        raise
+        async with async_mysql_tx(conn):
+            yield conn
     finally:
         conn.close()
 
