@@ -12,9 +12,11 @@ one has a name unique to this run.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import importlib
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import uuid
@@ -35,9 +37,11 @@ def _configure() -> None:
         return
     sys.path.insert(0, str(EXAMPLE))
     server = PG_URL.rsplit("/", 1)[0]
+    files = tempfile.mkdtemp(prefix="shop-")  # the SQLite database and its test twin
+    atexit.register(shutil.rmtree, files, True)
     environment = {
         "SHOP_DATABASE": f"{server}/shop_{uuid.uuid4().hex[:8]}",
-        "SHOP_OTHER_DATABASE": f"sqlite:///{tempfile.mkdtemp(prefix='shop-')}/other.sqlite3",
+        "SHOP_OTHER_DATABASE": f"sqlite:///{files}/other.sqlite3",
     }
     os.environ.update(environment)
     try:
