@@ -7,20 +7,25 @@ For each database, on a pre-filled outbox of 20,000 messages over 1,000 keys:
   ceiling of the relay);
 - ``redis``, ``kafka``: one relay draining to Redis Streams and to Kafka (Tansu);
 
-each ordered (the default) and unordered; and the write overhead: 2,000 one-row business
-transactions on one connection, alone and with an ``enqueue`` (asyncpg / asyncmy).
+each ordered (the default) and unordered; the write overhead: 2,000 one-row business
+transactions on one connection, alone and with an ``enqueue`` (asyncpg / asyncmy); and
+``backlog``: MariaDB alone, one relay draining ``OUTBOXER_BENCH_BACKLOG`` messages (default
+500,000) to the null publisher, its rate in each tenth of the drain (does the claim slow down as
+InnoDB's purge falls behind the deleted rows at the front of the table?).
 
-Run: ``.venv/bin/python -m benchmarks.mysql [claim null redis kafka write]``
+Run: ``.venv/bin/python -m benchmarks.mysql [claim null redis kafka write backlog]``
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import asyncmy
@@ -31,6 +36,8 @@ from benchmarks.brokers import kafka, redis
 from benchmarks.common import PAYLOAD, PG_URL, NullPublisher, claim_cost, drain_store, save
 from outboxer.brokers import publisher_from_url
 from outboxer.config import RelaySettings, TableNames
+from outboxer.errors import PublishError
+from outboxer.message import Message
 from outboxer.ports import DatabaseStore
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
@@ -83,8 +90,8 @@ async def fresh(database: str) -> AsyncIterator[tuple[str, Callable[[], Database
                     await cur.execute(f"DROP DATABASE `{schema}`")
 
 
-async def fill(database: str, schema: str, topic: str = "orders") -> None:
-    """Commit COUNT messages over KEYS keys through the write API, in one transaction."""
+async def fill(database: str, schema: str, topic: str = "orders", count: int = COUNT) -> None:
+    """Commit ``count`` messages over KEYS keys through the write API, in one transaction."""
     messages = [
         {
             "topic": topic,
@@ -92,7 +99,7 @@ async def fill(database: str, schema: str, topic: str = "orders") -> None:
             "key": n % KEYS,
             "type": "OrderCreated",
         }
-        for n in range(COUNT)
+        for n in range(count)
     ]
     outbox = outboxer.Outbox(schema=schema)
     async with connect(database, schema) as conn:
@@ -174,16 +181,44 @@ async def write_overhead(database: str) -> dict[str, Any]:
     }
 
 
+class TimedNullPublisher(NullPublisher):
+    """Acknowledges at once and notes when each tenth of ``total`` messages was reached."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.published, self.marks = total, 0, [time.perf_counter()]
+
+    async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+        self.published += len(messages)
+        while self.published >= self.total * len(self.marks) // 10 and len(self.marks) <= 10:
+            self.marks.append(time.perf_counter())
+        return [None] * len(messages)
+
+
+async def backlog(ordered: bool) -> dict[str, Any]:
+    total = int(os.environ.get("OUTBOXER_BENCH_BACKLOG", "500000"))
+    async with fresh("mariadb") as (schema, store):
+        for start in range(0, total, 100_000):
+            await fill("mariadb", schema, count=min(100_000, total - start))
+        publisher = TimedNullPublisher(total)
+        async with store() as opened:
+            await drain_store(opened, publisher, RelaySettings(ordered=ordered), total)
+    tenth = total / 10
+    rates = [round(tenth / (b - a)) for a, b in itertools.pairwise(publisher.marks)]
+    return {"backlog": total, "msg_per_s_by_tenth": rates}
+
+
 BROKERS = {"redis": redis, "kafka": kafka}
-PARTS = ("claim", "null", "redis", "kafka", "write")
+PARTS = ("claim", "null", "redis", "kafka", "write", "backlog")
 
 
 async def main(parts: list[str]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for part in parts:
-        for database in ("postgres", "mariadb"):
+        for database in ("postgres", "mariadb") if part != "backlog" else ("mariadb",):
             for ordered in (True, False) if part != "write" else (True,):
-                if part == "claim":
+                if part == "backlog":
+                    figures = await backlog(ordered)
+                elif part == "claim":
                     figures = await claim_costs(database, ordered)
                 elif part == "write":
                     figures = await write_overhead(database)
@@ -193,7 +228,7 @@ async def main(parts: list[str]) -> dict[str, Any]:
                 rows.append(row)
                 print(row, flush=True)
     result = {"count": COUNT, "keys": KEYS, "rows": rows}
-    save("mysql", result)
+    save("mysql" if "backlog" not in parts else "mysql_backlog", result)
     return result
 
 
