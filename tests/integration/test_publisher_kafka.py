@@ -266,6 +266,21 @@ async def test_missing_topic_is_permanent_and_named(
     assert repr(missing) in str(again)
 
 
+async def test_a_topic_created_after_its_records_failed_is_published_to(
+    kafka_publisher: KafkaPublisher,
+    kafka_topic: str,
+    kafka_bootstrap: str,  # noqa: F811
+) -> None:
+    # The operator's fix for a missing topic: create it, replay the dead letter. librdkafka
+    # keeps the topic as absent until its next periodic metadata refresh (minutes); the
+    # publisher asks for the topic's metadata again before the next record for it.
+    late = f"{kafka_topic}-created-late"
+    [missing] = await kafka_publisher.publish([make_message(late, 1)])
+    assert isinstance(missing, PermanentPublishError)
+    await asyncio.to_thread(create_topic, kafka_bootstrap, late, 1)
+    assert await kafka_publisher.publish([make_message(late, 2)]) == [None]
+
+
 async def test_auto_create_topics_when_asked(
     kafka_bootstrap: str,  # noqa: F811
 ) -> None:

@@ -342,13 +342,9 @@ _BACK_IN_THE_OUTBOX = (
     summary="Replay one dead letter",
 )
 async def replay_one(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str, Any]:
-    dead = await store.get_dead_letter(dead_letter_id)  # NotFound → 404
-    if dead.direction != "publish":
-        raise HTTPException(
-            409,
-            "this dead letter failed on the consuming side: its consumer retries it, it is not "
-            "moved back to the outbox",
-        )
+    # NotFound → 404. A publish dead letter goes back to the outbox; a consume dead letter is
+    # re-driven to the consumer(s) that gave up on it (the store does either).
+    await store.get_dead_letter(dead_letter_id)
     flt = DeadLetterFilter(ids=[dead_letter_id])
     replayed = await store.replay_dead_letters(flt)
     if not replayed:

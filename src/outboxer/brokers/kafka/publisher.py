@@ -217,6 +217,11 @@ class _Producer:
         #: Sticky: queued records can never be sent (all brokers down, fatal error); they are
         #: purged, i.e. reported as BrokerUnavailable, instead of waiting for the timeout.
         self.down = False
+        #: Topics a record failed for as missing. librdkafka then remembers them as absent until
+        #: its next periodic metadata refresh (minutes), so a topic created afterwards (the fix
+        #: before a dead letter is replayed) would still fail at once: the next call that
+        #: writes to one asks for its metadata first. Added from the poll thread.
+        self.missing_topics: set[str] = set()
         self._retired = threading.Event()
         config = settings.producer_config()
         config["error_cb"] = self._on_error
@@ -407,6 +412,7 @@ class _Batch:
                 )
             return BrokerUnavailable(f"Kafka at {self.settings.safe_url()} unavailable ({text})")
         if code in _MISSING_TOPIC:
+            self.producer.missing_topics.add(topic)
             hint = (
                 "and the broker did not create it"
                 if self.settings.auto_create_topics
@@ -503,6 +509,8 @@ class KafkaPublisher:
             producer = self._producer_for_call()
         except ConfigurationError as exc:
             return [BrokerUnavailable(str(exc))] * len(messages)
+        if producer.missing_topics:
+            await self._refresh_missing(producer, {m.topic for m in messages})
         batch = _Batch(messages, producer, asyncio.get_running_loop())
         producer.active_calls += 1
         try:
@@ -513,6 +521,15 @@ class KafkaPublisher:
         producer.purge_if_down()
         await batch.future
         return batch.results
+
+    async def _refresh_missing(self, producer: _Producer, topics: set[str]) -> None:
+        """Ask for the metadata of the topics of this call that were missing before, so a topic
+        created since is known again (see ``_Producer.missing_topics``)."""
+        for topic in producer.missing_topics & topics:
+            producer.missing_topics.discard(topic)
+            timeout = min(self.settings.missing_topic_timeout, 5.0) or 1.0
+            with contextlib.suppress(KafkaException):
+                await asyncio.to_thread(producer.client.list_topics, topic, timeout)
 
     async def _produce_all(self, producer: _Producer, batch: _Batch) -> None:
         produce = producer.client.produce
