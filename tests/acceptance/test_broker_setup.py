@@ -2,24 +2,22 @@
 
 Each test declares its own exchange and queue (unique names, deleted afterwards). What the
 command declared is checked through a separate pika connection: passive declarations, and a
-message published by the relay's own publisher reaching the queue before any consumer ran.
+message published as the relay publishes (mandatory, confirmed) reaching the queue before
+any consumer ran.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pika
 import pika.exceptions
 import pytest
 
-from outboxer.brokers.rabbitmq import RabbitMQConsumer, RabbitMQPublisher
 from outboxer.brokers.rabbitmq.settings import RabbitMQConsumerSettings
-from outboxer.message import Message
+from outboxer.brokers.rabbitmq.topology import exchange_declaration, queue_declaration
 from tests.acceptance.conftest import Cli, assert_one_line_error
 from tests.conftest import require_service, unique_name
-from tests.contracts.publisher import make_message
 
 BASE = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -77,29 +75,23 @@ def test_setup_declares_what_the_relay_and_consumer_use_before_the_first_publish
     again = cli(*args, "--bind", "orders.*", "--bind", "audit.#")
     assert (again.returncode, again.stdout) == (0, result.stdout), again.stderr
 
-    # No consumer has run yet; the relay's publisher (mandatory, unroutable=dead-letter) finds
-    # the exchange equivalent and a bound queue: the message is acknowledged, not returned.
-    async def publish_then_consume() -> list[str]:
-        message = make_message("orders.eu", 1, key="order-1")
-        async with RabbitMQPublisher.from_url(names.url) as publisher:
-            assert await publisher.publish([message]) == [None]
-        # The consumer's own declarations (same exchange, queue and type) are accepted too.
+    # No consumer has run yet. A message published as the relay publishes (mandatory, with
+    # confirms) is routed to the queue, not returned; redeclaring with the arguments the
+    # publisher and consumer use (the same functions) is accepted: nothing differs.
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
         settings = RabbitMQConsumerSettings.from_url(
             f"{names.url}&queue={names.queue}", name="inventory", topics=["orders.*"]
         )
-        received: list[str] = []
-        stop = asyncio.Event()
-
-        async def deliver(batch: Sequence[Message]) -> None:
-            received.extend(m.id for m in batch)
-            stop.set()
-
-        async with RabbitMQConsumer(settings) as consumer:
-            await asyncio.wait_for(consumer.run(deliver, stop), 30)
-        assert received == [message.id]
-        return received
-
-    asyncio.run(publish_then_consume())
+        channel.exchange_declare(**exchange_declaration(settings.connection))
+        channel.queue_declare(**queue_declaration(settings))
+        channel.basic_publish(names.exchange, "orders.eu", b"{}", mandatory=True)
+        method, _, body = channel.basic_get(names.queue, auto_ack=True)
+        assert (method.routing_key, body) == ("orders.eu", b"{}")
+    finally:
+        connection.close()
 
 
 def test_setup_of_the_exchange_alone_and_the_queue_named_in_the_url(cli: Cli, names: Names) -> None:
