@@ -28,9 +28,8 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from tests.acceptance.conftest import OUTBOXER, PYTHONPATH
+from tests.acceptance.processes import Process, wait
 from tests.conftest import unique_name
 from tests.tansu import TansuBroker, create_topic, free_port
 from tests.tcp_proxy import TcpProxy
@@ -55,45 +55,6 @@ def environment(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = PYTHONPATH
     env.update(extra)
     return env
-
-
-class Process:
-    """A child process whose output goes to a log file quoted in failures."""
-
-    def __init__(self, name: str, args: list[str], env: dict[str, str], logs: Path) -> None:
-        self.log = logs / f"{name}.log"
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT
-            )
-
-    def text(self, tail: int | None = 4000) -> str:
-        """The output so far: its last ``tail`` characters (``None``: all of it)."""
-        text = self.log.read_text(errors="replace")
-        return text if tail is None else text[-tail:]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
-async def until(
-    check: Callable[[], Awaitable[Any]], why: Callable[[], str], timeout: float = 30
-) -> Any:
-    """Poll ``check`` until it returns something true (returned); fail with ``why()``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, why()
-        await asyncio.sleep(0.1)
 
 
 class Kafka:
@@ -144,7 +105,7 @@ class Pipeline:
         self.processes: list[Process] = []
 
     def start(self, name: str, args: list[str], **env: str) -> Process:
-        process = Process(name, args, environment(**env), self.logs)
+        process = Process(args, environment(**env), self.logs / f"{name}.log")
         self.processes.append(process)
         return process
 
@@ -190,7 +151,7 @@ class Pipeline:
             figures = await self.stats()
             return figures["pending"] == 0 and figures["in_flight"] == 0
 
-        await until(empty, lambda: "\n".join(p.text() for p in watching))
+        await wait(empty, lambda: "\n".join(p.output(4000) for p in watching))
 
     async def events(self, count: int, group: str) -> list[dict[str, Any]]:
         """The first ``count`` distinct events of this test's topics, read by print_events.py
@@ -203,8 +164,8 @@ class Pipeline:
                 *("--group", f"{self.prefix}-{group}", "--max-events", str(count), "--json"),
             ],
         )
-        code = await asyncio.to_thread(printer.proc.wait, 60)
-        assert code == 0, printer.text()
+        code = await asyncio.to_thread(printer.process.wait, 60)
+        assert code == 0, printer.output(4000)
         return [json.loads(line) for line in printer.log.read_text().splitlines()]
 
 
@@ -238,29 +199,21 @@ async def pipeline(
         )
 
         async def healthy() -> bool:
-            assert app.proc.poll() is None, app.text()
+            assert app.process.poll() is None, app.output(4000)
             try:
                 return (await client.get("/healthz")).status_code == 200
             except httpx.TransportError:
                 return False
 
-        await until(healthy, app.text)
+        await wait(healthy, lambda: app.output(4000))
         try:
             yield world
         finally:
             for process in reversed(world.processes[1:]):
                 process.stop()
     # uvicorn re-raises the SIGTERM it handled once its graceful shutdown is done.
-    assert app.stop() in (0, -signal.SIGTERM), app.text()
-    assert "Application shutdown complete" in app.text()
-
-
-def counters(process: Process, pattern: str) -> dict[str, int]:
-    """The counters a stopped relay or consumer logged last (``name=N`` or ``'name': N``)."""
-    line = [ln for ln in process.text(None).splitlines() if re.search(pattern, ln)][-1]
-    return {
-        k: int(v) for k, v in re.findall(r"['\"]?(\w+)['\"]?[=:] ?(\d+)", line.split(pattern)[-1])
-    }
+    assert app.stop() in (0, -signal.SIGTERM), app.output(4000)
+    assert "Application shutdown complete" in app.output()
 
 
 async def test_orders_flow_to_kafka_and_a_refused_one_is_dead_lettered_then_replayed(
@@ -306,7 +259,7 @@ async def test_orders_flow_to_kafka_and_a_refused_one_is_dead_lettered_then_repl
         items: list[dict[str, Any]] = page.json()["items"]
         return items
 
-    [dead] = await until(dead_letters, relay.text)
+    [dead] = await wait(dead_letters, lambda: relay.output(4000))
     assert dead["id"] == lost["event_id"]
     assert (dead["topic"], dead["type"], dead["direction"]) == (
         f"{pipeline.prefix}.mars",
@@ -327,11 +280,11 @@ async def test_orders_flow_to_kafka_and_a_refused_one_is_dead_lettered_then_repl
     replay = await pipeline.http.post(f"/api/deadletters/{dead['id']}/replay", headers=AUTH)
     assert replay.status_code == 200, replay.text
     await pipeline.drained(relay)
-    assert not await dead_letters(), relay.text()
+    assert not await dead_letters(), relay.output(4000)
     events = await pipeline.events(6, "after-replay")
     replayed = [e for e in events if e["topic"] == f"{pipeline.prefix}.mars"]
     assert [(e["id"], e["key"]) for e in replayed] == [(lost["event_id"], lost["id"])]
-    assert relay.stop() == 0, relay.text()
+    assert relay.stop() == 0, relay.output(4000)
 
 
 async def test_kafka_cut_the_relay_backs_off_and_nothing_is_lost(pipeline: Pipeline) -> None:
@@ -349,11 +302,11 @@ async def test_kafka_cut_the_relay_backs_off_and_nothing_is_lost(pipeline: Pipel
         pauses: list[float] = []
 
         async def backed_off_to_the_cap() -> bool:
-            found = re.findall(r"broker unavailable \(.*?\): pausing (\d+\.\d)s", relay.text(None))
+            found = re.findall(r"broker unavailable \(.*?\): pausing (\d+\.\d)s", relay.output())
             pauses[:] = [float(p) for p in found]
             return len(pauses) >= 4
 
-        await until(backed_off_to_the_cap, relay.text)
+        await wait(backed_off_to_the_cap, lambda: relay.output(4000))
         assert pauses[:4] == [0.2, 0.4, 0.8, 0.8], pauses  # doubling, capped
         # Nothing was published, nothing is lost: every order of the outage still waits.
         figures = await pipeline.stats()
@@ -362,13 +315,13 @@ async def test_kafka_cut_the_relay_backs_off_and_nothing_is_lost(pipeline: Pipel
         pipeline.kafka.call(pipeline.kafka.proxy.restore())
 
     await pipeline.drained(relay)
-    assert re.search(r"broker is back after \d+ failed rounds", relay.text(None))
+    assert re.search(r"broker is back after \d+ failed rounds", relay.output())
     events = await pipeline.events(8, "printer")
     assert sorted(e["id"] for e in events if not e["duplicate"]) == sorted(
         o["event_id"] for o in before + during
     )
     assert (await pipeline.stats())["dead_letters"] == 0
-    assert relay.stop() == 0, relay.text()
+    assert relay.stop() == 0, relay.output(4000)
 
 
 async def test_two_relays_share_the_work_without_duplicates(pipeline: Pipeline) -> None:
@@ -380,15 +333,15 @@ async def test_two_relays_share_the_work_without_duplicates(pipeline: Pipeline) 
     async def both_live() -> bool:
         return len((await pipeline.stats())["relays"]) == 2
 
-    await until(both_live, lambda: relays[0].text() + relays[1].text())
+    await wait(both_live, lambda: relays[0].output(4000) + relays[1].output(4000))
     created: list[dict[str, Any]] = []
     for start in range(0, 60, 20):  # 20 requests at a time
         batch = (pipeline.order(f"c-{n}") for n in range(start, start + 20))
         created += await asyncio.gather(*batch)
     await pipeline.drained(*relays)
     for relay in relays:
-        assert relay.stop() == 0, relay.text()
-    published = [counters(r, "stopped: ")["published"] for r in relays]
+        assert relay.stop() == 0, relay.output(4000)
+    published = [r.counters()["published"] for r in relays]
     assert sum(published) == 60 and min(published) > 0, published
 
     events = await pipeline.events(60, "printer")
@@ -434,7 +387,7 @@ async def test_inventory_consumer_exactly_once_with_a_poison_order_and_a_redeliv
     env = {"ORDERS_SCHEMA": pipeline.schema}
     setup = [sys.executable, str(EXAMPLE / "inventory.py"), "--database-url", pipeline.pg_url]
     stocked = pipeline.start("stock", [*setup, "--stock", "BOOK-1=100"], **env)
-    assert await asyncio.to_thread(stocked.proc.wait, 30) == 0, stocked.text()
+    assert await asyncio.to_thread(stocked.process.wait, 30) == 0, stocked.output(4000)
     relay = pipeline.relay()
     group = f"{pipeline.prefix}-inventory"
 
@@ -460,7 +413,7 @@ async def test_inventory_consumer_exactly_once_with_a_poison_order_and_a_redeliv
     async def stock_is(expected: dict[str, int]) -> bool:
         return await stock(pipeline) == expected
 
-    await until(lambda: stock_is({"BOOK-1": 100 - 1 - 2 - 3 - 4}), inventory.text)
+    await wait(lambda: stock_is({"BOOK-1": 100 - 1 - 2 - 3 - 4}), lambda: inventory.output(4000))
 
     # The poison order: retried 3 times, then a consume dead letter with its reason.
     async def dead_letter() -> dict[str, Any] | None:
@@ -470,7 +423,7 @@ async def test_inventory_consumer_exactly_once_with_a_poison_order_and_a_redeliv
         items = page.json()["items"]
         return items[0] if items else None
 
-    dead = await until(dead_letter, inventory.text)
+    dead = await wait(dead_letter, lambda: inventory.output(4000))
     assert (dead["id"], dead["key"], dead["type"]) == (
         poison["event_id"],
         poison["id"],
@@ -482,13 +435,13 @@ async def test_inventory_consumer_exactly_once_with_a_poison_order_and_a_redeliv
 
     # The fix: the SKU is stocked. The replayed dead letter is handled by the inventory.
     stocked = pipeline.start("stock-fix", [*setup, "--stock", "GIFT-9=5"], **env)
-    assert await asyncio.to_thread(stocked.proc.wait, 30) == 0, stocked.text()
+    assert await asyncio.to_thread(stocked.process.wait, 30) == 0, stocked.output(4000)
     replay = await pipeline.http.post(f"/api/deadletters/{dead['id']}/replay", headers=AUTH)
     assert replay.status_code == 200, replay.text
-    await until(lambda: stock_is({"BOOK-1": 90, "GIFT-9": 3}), inventory.text)
+    await wait(lambda: stock_is({"BOOK-1": 90, "GIFT-9": 3}), lambda: inventory.output(4000))
     assert (await pipeline.stats())["dead_letters"] == 0
-    assert inventory.stop() == 0, inventory.text()
-    first = counters(inventory, "stopped: ")
+    assert inventory.stop() == 0, inventory.output(4000)
+    first = inventory.counters()
     # Four orders handled at once, the poison one after its replay; two retries before it died.
     assert (first["handled"], first["retrying"], first["dead"], first["duplicate"]) == (5, 2, 1, 0)
 
@@ -505,9 +458,9 @@ async def test_inventory_consumer_exactly_once_with_a_poison_order_and_a_redeliv
         offsets[:] = await asyncio.to_thread(committed, pipeline.kafka.bootstrap, group, topic)
         return offsets == done
 
-    await until(caught_up, lambda: f"committed {offsets}, before {done}\n{again.text()}")
-    assert again.stop() == 0, again.text()
-    second = counters(again, "stopped: ")
+    await wait(caught_up, lambda: f"committed {offsets}, before {done}\n{again.output(4000)}")
+    assert again.stop() == 0, again.output(4000)
+    second = again.counters()
     assert (second["handled"], second["duplicate"]) == (0, 5), second
     assert await stock(pipeline) == {"BOOK-1": 90, "GIFT-9": 3}
-    assert relay.stop() == 0, relay.text()
+    assert relay.stop() == 0, relay.output(4000)

@@ -17,11 +17,8 @@ import email
 import email.policy
 import json
 import os
-import signal
-import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +31,8 @@ from examples.user_registration import app
 from outboxer.brokers.rabbitmq.publisher import RabbitMQPublisher
 from outboxer.message import Message
 from outboxer.stores.postgres import PostgresStore
-from tests.acceptance.conftest import OUTBOXER, PYTHONPATH, ROOT
+from tests.acceptance.conftest import OUTBOXER, PYTHONPATH
+from tests.acceptance.processes import Process, wait
 from tests.conftest import require_service, unique_name
 from tests.tansu import free_port
 
@@ -94,52 +92,6 @@ def smtp() -> Iterator[tuple[MailServer, int]]:
     finally:
         server.release.set()
         controller.stop()
-
-
-async def wait(check: Callable[[], Any], what: str, timeout: float = 30.0) -> None:
-    """Until ``check()`` (a plain or async function) is true."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-class Process:
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        with log.open("ab") as sink:
-            self.process = subprocess.Popen(
-                [OUTBOXER, *args],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-            )
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def counters(self) -> dict[str, int]:
-        """The consumer's counters from its last log line (written on a graceful stop)."""
-        line = next(x for x in reversed(self.output().splitlines()) if " stopped: " in x)
-        parsed: dict[str, int] = json.loads(line.partition(" stopped: ")[2].replace("'", '"'))
-        return parsed
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=30)
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
 
 
 def queue_depth(queue: str) -> int:
@@ -222,11 +174,11 @@ async def test_every_user_gets_exactly_one_welcome_email(
         return bool(rows)
 
     relay = Process(
-        ["relay", *database, "--broker", broker, "--poll-interval", "0.1"],
+        [OUTBOXER, "relay", *database, "--broker", broker, "--poll-interval", "0.1"],
         env,
         tmp_path / "relay.log",
     )
-    first = Process(consume, env, tmp_path / "consumer-1.log")
+    first = Process([OUTBOXER, *consume], env, tmp_path / "consumer-1.log")
     consumers = [first]
     try:
         # The consumer declares its queue and binding; only then is anything routed to it.
@@ -250,7 +202,7 @@ async def test_every_user_gets_exactly_one_welcome_email(
         ids = await register(("carol@example.com", "Carol"), ("stuck@example.com", "Dee"))
         await wait(outbox_empty, "the relay to publish both")
         await wait(lambda: queue_depth(consumer) == 2, "both messages to be queued")
-        second = Process(consume, env, tmp_path / "consumer-2.log")
+        second = Process([OUTBOXER, *consume], env, tmp_path / "consumer-2.log")
         consumers.append(second)
         await wait(lambda: len(mail.to("carol@example.com")) == 1, "carol's mail")
         await wait(lambda: inbox_has(ids["carol@example.com"]), "carol's inbox row")
@@ -259,7 +211,7 @@ async def test_every_user_gets_exactly_one_welcome_email(
         mail.release.set()
         assert queue_depth(consumer) == 2  # neither was acknowledged: both come back
 
-        third = Process(consume, env, tmp_path / "consumer-3.log")
+        third = Process([OUTBOXER, *consume], env, tmp_path / "consumer-3.log")
         consumers.append(third)
         await wait(lambda: len(mail.to("stuck@example.com")) == 1, "the stuck user's mail")
         await wait(lambda: queue_depth(consumer) == 0, "the queue to drain")
