@@ -497,7 +497,8 @@ async def test_the_producer_id_is_acquired_before_the_first_claim(
     kafka_bootstrap: str,  # noqa: F811
 ) -> None:
     # librdkafka's statistics say where its idempotent producer stands ("eos": "idemp_state");
-    # the first report emitted after __aenter__ returned must show the producer id assigned.
+    # the first report emitted after __aenter__ returned must show the producer id requested or
+    # assigned.
     # Without the warm-up it shows "WaitTransport" for 0.5-1 s: the first batch waited for it.
     import json
 
@@ -515,4 +516,7 @@ async def test_the_producer_id_is_acquired_before_the_first_claim(
         entered.set()
         while not states:
             await asyncio.sleep(0.01)
-    assert states[0] == "Assigned", states
+    # Assigned, or requested already over the connection the warm-up brought up (WaitPID: the
+    # answer is one round trip away, seen on a loaded machine); never still waiting for a
+    # transport or for librdkafka's 500 ms timer (Init, WaitTransport).
+    assert states[0] in ("Assigned", "WaitPID"), states
