@@ -1,4 +1,5 @@
-"""``outboxer broker setup`` against the real RabbitMQ on 127.0.0.1:5672 (guest/guest).
+"""``outboxer broker setup`` against the real RabbitMQ on 127.0.0.1:5672 (guest/guest) and Kafka
+(Tansu).
 
 Each test declares its own exchange and queue (unique names, deleted afterwards). What the
 command declared is checked through a separate pika connection: passive declarations, and a
@@ -13,11 +14,13 @@ from collections.abc import Iterator
 import pika
 import pika.exceptions
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from outboxer.brokers.rabbitmq.settings import RabbitMQConsumerSettings
 from outboxer.brokers.rabbitmq.topology import exchange_declaration, queue_declaration
 from tests.acceptance.conftest import Cli, assert_one_line_error
 from tests.conftest import require_service, unique_name
+from tests.tansu import kafka_bootstrap  # noqa: F401 - a fixture
 
 BASE = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -141,7 +144,7 @@ def test_a_mismatch_is_one_line_and_changes_nothing(cli: Cli, names: Names) -> N
 @pytest.mark.parametrize(
     ("args", "code", "words"),
     [
-        (["--broker", "kafka://127.0.0.1:9092"], 2, ["nothing to set up for kafka://"]),
+        (["--broker", "redis://127.0.0.1:6379/0"], 2, ["nothing to set up for redis://"]),
         (["--broker", BASE, "--bind", "#"], 2, ["--bind needs --queue"]),
         (["--broker", BASE, "--queue", "q"], 2, ["routing keys with --bind"]),
         (["--broker", f"{BASE}?exchange=bad%2Fname"], 2, ["exchange"]),
@@ -157,3 +160,43 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(
     result = cli("broker", "setup", *args)
     assert_one_line_error(result, code, *words)
     assert "secret" not in result.stderr
+
+
+def test_kafka_topics_are_created_once_and_a_partition_mismatch_is_refused(
+    cli: Cli,
+    kafka_bootstrap: str,  # noqa: F811 - the fixture imported above
+) -> None:
+    first, second = (unique_name("orders").replace("_", "-") for _ in range(2))
+    url = f"kafka://{kafka_bootstrap}"
+    args = ["broker", "setup", "--broker", url, "--topic", first, "--topic", second]
+    result = cli(*args, "--partitions", "2")
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == sorted(
+        f"declared topic '{name}': 2 partitions" for name in (first, second)
+    )
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for name in (first, second):
+        assert len(admin.list_topics(name, timeout=10).topics[name].partitions) == 2
+    # Idempotent: the topics are there with the asked partitions.
+    again = cli(*args, "--partitions", "2")
+    assert again.returncode == 0, again.stderr
+    assert f"declared topic '{first}': 2 partitions (existed)" in again.stdout
+    # Partitions are never changed behind the operator's back (keys would move).
+    other = cli("broker", "setup", "--broker", url, "--topic", first, "--partitions", "4")
+    assert_one_line_error(other, 2, f"topic '{first}' exists with 2 partitions, not 4")
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--broker", "kafka://127.0.0.1:9092"], ["--topic"]),
+        (["--broker", "kafka://127.0.0.1:9092", "--topic", "t", "--bind", "#"], ["--topic"]),
+        (["--broker", BASE, "--topic", "t"], ["--topic is for Kafka"]),
+        (["--broker", "nats://127.0.0.1:4222"], ["nothing to set up for nats://"]),
+        (["--broker", "kafka://127.0.0.1:9092", "--topic", "t", "--partitions", "0"], ["0"]),
+    ],
+)
+def test_options_of_the_other_broker_are_refused(
+    cli: Cli, args: list[str], words: list[str]
+) -> None:
+    assert_one_line_error(cli("broker", "setup", *args), 2, *words)

@@ -41,7 +41,7 @@ from confluent_kafka import Consumer, TopicPartition
 from tests.acceptance.conftest import OUTBOXER, PYTHONPATH
 from tests.acceptance.processes import Process, wait
 from tests.conftest import unique_name
-from tests.tansu import TansuBroker, create_topic, free_port
+from tests.tansu import TansuBroker, free_port
 from tests.tcp_proxy import TcpProxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,9 +120,15 @@ class Pipeline:
             ],
         )
 
-    async def topic(self, region: str, partitions: int = 3) -> str:
+    async def topic(self, region: str) -> str:
+        """Create the region's topic as the README does (``outboxer broker setup``)."""
         name = f"{self.prefix}.{region}"
-        await asyncio.to_thread(create_topic, self.kafka.bootstrap, name, partitions)
+        broker = f"kafka://{self.kafka.bootstrap}"
+        setup = self.start(
+            f"setup-{region}",
+            [OUTBOXER, "broker", "setup", "--broker", broker, "--topic", name, "--partitions", "3"],
+        )
+        assert await asyncio.to_thread(setup.process.wait, 60) == 0, setup.output()
         return name
 
     async def order(

@@ -194,12 +194,28 @@ class KafkaSettings:
             password=self.sasl_password,
         )
 
+    def connection_config(self) -> dict[str, Any]:
+        """The librdkafka properties of reaching the cluster (servers, client id, security),
+        shared by the producer, the consumer and the admin client."""
+        config: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "client.id": self.client_id,
+        }
+        optional = {
+            "security.protocol": self.security_protocol,
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password,
+            "ssl.ca.location": self.ssl_ca_location,
+        }
+        config.update({k: v for k, v in optional.items() if v is not None})
+        return config
+
     def producer_config(self) -> dict[str, Any]:
         """The librdkafka producer properties (without the callbacks the publisher adds)."""
         timeout_ms = int(self.delivery_timeout * 1000)
         config: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap_servers,
-            "client.id": self.client_id,
+            **self.connection_config(),
             # Idempotence: librdkafka's retries never duplicate or reorder a partition's records,
             # which keeps per-key order across retries; it implies acks=all, stated anyway.
             "enable.idempotence": True,
@@ -223,16 +239,6 @@ class KafkaSettings:
             "reconnect.backoff.ms": 500,
             "reconnect.backoff.max.ms": 60_000,
         }
-        if self.security_protocol is not None:
-            config["security.protocol"] = self.security_protocol
-        if self.sasl_mechanism is not None:
-            config["sasl.mechanism"] = self.sasl_mechanism
-        if self.sasl_username is not None:
-            config["sasl.username"] = self.sasl_username
-        if self.sasl_password is not None:
-            config["sasl.password"] = self.sasl_password
-        if self.ssl_ca_location is not None:
-            config["ssl.ca.location"] = self.ssl_ca_location
         config.update(self.extra)
         return config
 
@@ -294,10 +300,8 @@ class KafkaConsumerSettings:
 
     def consumer_config(self) -> dict[str, Any]:
         """The librdkafka consumer properties (without the callbacks)."""
-        connection = self.connection
         config: dict[str, Any] = {
-            "bootstrap.servers": connection.bootstrap_servers,
-            "client.id": connection.client_id,
+            **self.connection.connection_config(),
             "group.id": self.group,
             # Offsets are committed by the adapter after the inbox committed, never in the
             # background: an auto-commit could run ahead of a transaction that then fails.
@@ -308,12 +312,4 @@ class KafkaConsumerSettings:
             "max.poll.interval.ms": self.max_poll_interval_ms,
             "log.connection.close": False,
         }
-        optional = {
-            "security.protocol": connection.security_protocol,
-            "sasl.mechanism": connection.sasl_mechanism,
-            "sasl.username": connection.sasl_username,
-            "sasl.password": connection.sasl_password,
-            "ssl.ca.location": connection.ssl_ca_location,
-        }
-        config.update({k: v for k, v in optional.items() if v is not None})
         return config
