@@ -260,6 +260,9 @@ class RelaySettings:
         max_task_restarts: A background task (heartbeat, sweeper) that dies is restarted after
             the ``retry`` backoff; after this many deaths in a row the relay stops and raises
             ``RelayFailed`` (a bug that restarting does not cure must not run on silently).
+        max_solo_deaths: Crash isolation: a message whose lease expired is published alone;
+            after a relay died this many times holding it alone, it is dead-lettered instead
+            (its publish kills the relay: a segfault, OOM or ``os._exit``).
     """
 
     batch_size: int = count(500, help="Messages claimed per statement.")
@@ -322,6 +325,11 @@ class RelaySettings:
         5,
         help="Deaths in a row of a background task (heartbeat, sweeper) before the relay stops.",
         minimum=0,
+        maximum=1000,
+    )
+    max_solo_deaths: int = count(
+        3,
+        help="Relay deaths while publishing one message alone before it is dead-lettered.",
         maximum=1000,
     )
 

@@ -92,10 +92,17 @@ class Claim:
     ``token`` is the fencing token: every settle statement matches on it, so a relay whose lease
     expired (and whose rows another relay has since claimed) can never acknowledge, retry or
     dead-letter rows it no longer owns.
+
+    Crash isolation: a message whose lease expired (its relay died or froze holding it) is a
+    *suspect* and is claimed alone: ``isolated`` is then true and ``solo_deaths`` says how often
+    a relay already died holding it alone. The relay publishes an isolated claim with nothing
+    else in flight, and dead-letters it instead once ``solo_deaths`` reaches its limit.
     """
 
     token: int
     messages: Sequence[Message]
+    isolated: bool = False
+    solo_deaths: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,10 @@ class _Row:
     locked_by: str | None = None
     locked_until: dt.datetime | None = None
     last_error: str | None = None
+    #: Crash isolation: how often its lease expired, and how often while it was claimed alone.
+    lease_expiries: int = 0
+    solo_deaths: int = 0
+    locked_alone: bool = False
 
 
 class InMemoryStore:
@@ -158,14 +162,37 @@ class InMemoryStore:
     ) -> Claim:
         now = self._clock()
         token = int.from_bytes(os.urandom(8), "big") >> 1
-        claimed: list[Message] = []
-        blocked: set[str] = set()  # keys with an older row that is leased or waiting
         dead_keys = self._dead_keys()
-        for row in sorted(self._rows.values(), key=lambda r: r.seq):
+        rows = sorted(self._rows.values(), key=lambda r: r.seq)
+
+        def lease(row: _Row) -> Message:
+            row.token, row.locked_by = token, relay_id
+            row.locked_until = now + dt.timedelta(seconds=lease_seconds)
+            return replace(row.message, available_at=row.available_at)
+
+        # Crash isolation: a suspect (its lease expired) that heads its key goes alone, first.
+        heads: set[str] = set()
+        for row in rows:
+            key = row.message.key
+            head = key is None or key not in heads
+            if key is not None:
+                heads.add(key)
+            if (
+                row.lease_expiries
+                and row.token is None
+                and row.available_at <= now
+                and (not ordered or head)
+                and not (ordered and hold_dead_keys and key is not None and key in dead_keys)
+            ):
+                row.locked_alone = True
+                return Claim(token, [lease(row)], isolated=True, solo_deaths=row.solo_deaths)
+        claimed: list[Message] = []
+        blocked: set[str] = set()  # keys with an older row that is leased, waiting or suspect
+        for row in rows:
             if len(claimed) >= limit:
                 break
             key = row.message.key
-            if row.token is not None or row.available_at > now:
+            if row.token is not None or row.available_at > now or row.lease_expiries:
                 if key is not None:
                     blocked.add(key)
                 continue
@@ -173,9 +200,7 @@ class InMemoryStore:
                 continue
             if ordered and hold_dead_keys and key is not None and key in dead_keys:
                 continue
-            row.token, row.locked_by = token, relay_id
-            row.locked_until = now + dt.timedelta(seconds=lease_seconds)
-            claimed.append(replace(row.message, available_at=row.available_at))
+            claimed.append(lease(row))
         return Claim(token=token, messages=claimed)
 
     def _owned(self, ids: Sequence[str], token: int) -> list[_Row]:
@@ -232,6 +257,9 @@ class InMemoryStore:
         for row in expired:
             row.last_error = f"lease of relay {row.locked_by} expired"
             row.token, row.locked_by, row.locked_until = None, None, None
+            row.lease_expiries += 1
+            row.solo_deaths += row.locked_alone
+            row.locked_alone = False
         self._publish_retries_since_sweep += len(expired)
         return len(expired)
 

@@ -2,7 +2,8 @@
 
 Each delivered message id is appended to the file named by ``OUTBOXER_TEST_SINK`` (one line per
 delivery, so duplicates are visible); ``OUTBOXER_TEST_DELAY`` slows each delivery down so a test
-can kill the relay mid-stream. Messages of type ``Poison`` always fail.
+can kill the relay mid-stream. Messages of type ``Poison`` always fail; a message of type
+``Killer`` kills the relay process (``os._exit``), as a segfault or an OOM kill would.
 """
 
 from __future__ import annotations
@@ -31,3 +32,8 @@ def deliver(message: Message) -> None:
 @registry.handler("Poison")
 def reject(message: Message) -> None:
     raise ValueError("this payload is always rejected")
+
+
+@registry.handler("Killer")
+def kill_the_process(message: Message) -> None:
+    os._exit(1)  # no cleanup at all: the relay dies holding its claims

@@ -345,6 +345,37 @@ class StoreContract:
         await store.settle(c, Settlement(published=[first]))
         assert await store.extend_lease(c, 30) == 0  # settled: nothing held any more
 
+    async def test_a_message_whose_lease_expired_is_claimed_alone_and_counts_solo_deaths(
+        self, store: Store, add: Add
+    ) -> None:
+        a = await add("t", {"n": 1}, key="k")
+        b = await add("t", {"n": 2}, key="k")
+        c = await add("t", {"n": 3})
+        together = await claim(store, lease=0.1)
+        assert len(together.messages) == 3 and not together.isolated
+        await asyncio.sleep(0.25)  # the relay died holding all three
+        assert await store.release_expired_leases() == 3
+        alone = await claim(store, lease=0.1)
+        assert ([m.id for m in alone.messages], alone.isolated, alone.solo_deaths) == ([a], True, 0)
+        await asyncio.sleep(0.25)  # died again, holding it alone: a solo death
+        assert await store.release_expired_leases() == 1
+        again = await claim(store)
+        assert ([m.id for m in again.messages], again.isolated, again.solo_deaths) == ([a], True, 1)
+        await store.settle(again, Settlement(published=[a]))
+        # The other suspects go alone too, in write order, each counting no death.
+        for expected in (b, c):
+            one = await claim(store)
+            assert ([m.id for m in one.messages], one.isolated, one.solo_deaths) == (
+                [expected],
+                True,
+                0,
+            )
+            await store.settle(one, Settlement(published=[expected]))
+        d = await add("t", {"n": 4})
+        e = await add("t", {"n": 5})
+        batch = await claim(store)  # no suspect left: batches again
+        assert [m.id for m in batch.messages] == [d, e] and not batch.isolated
+
     async def test_a_reused_id_that_fails_again_replaces_its_dead_letter_and_the_batch_settles(
         self, store: Store, add: Add
     ) -> None:

@@ -15,6 +15,10 @@ What a failure does:
   claiming along the outage backoff (5, 10, 20, 40, 60 s ...) until a publish succeeds.
 - A batch in flight keeps its lease: it is extended every third of a lease until the batch is
   settled, so a slow publish is never taken over by another live relay.
+- A message whose lease expired (its relay died or froze holding it) is claimed alone and
+  published with nothing else in flight; after ``max_solo_deaths`` relay deaths while it was
+  alone it is dead-lettered: a message whose publish kills the process cannot kill every relay
+  forever, and a healthy message of a batch that died together is never counted.
 - Anything else the publisher raises (or a wrong number of results) is a bug of the publisher or
   its lifecycle ("publisher is not open"), not of the messages: it is logged with its traceback
   and handled as an outage, so one bug never dead-letters the outbox.
@@ -313,6 +317,10 @@ class Relay:
                     task.add_done_callback(self._delivered)
                     self.observer.in_flight(len(self._in_flight))
                     started = True
+                    if claim.isolated:
+                        # Crash isolation: nothing else is claimed until it is settled.
+                        await self._wait_for_in_flight()
+                        continue
                     if len(claim.messages) == settings.batch_size and not saturated:
                         continue  # a full batch: more is probably waiting, claim again now
                 else:
@@ -439,9 +447,38 @@ class Relay:
         keeper = asyncio.create_task(self._keep_lease(claim), name="outboxer-lease")
         keeper.add_done_callback(_log_death)
         try:
-            await self._publish_and_settle(claim)
+            if claim.isolated:
+                await self._deliver_alone(claim)
+            else:
+                await self._publish_and_settle(claim)
         finally:
             keeper.cancel()
+
+    async def _deliver_alone(self, claim: Claim) -> None:
+        """Crash isolation: publish a suspect (a message whose lease expired: its relay died or
+        froze holding it) with nothing else in flight, so that if its publish kills this
+        process, it died alone and the store counts a solo death. After ``max_solo_deaths`` of
+        them it is dead-lettered instead of published."""
+        others = self._in_flight - {asyncio.current_task()}
+        if others:
+            await asyncio.wait(others)
+        if claim.solo_deaths < self.settings.max_solo_deaths:
+            await self._publish_and_settle(claim)
+            return
+        [message] = claim.messages
+        reason = (
+            f"the relay died {claim.solo_deaths} times while publishing this message alone "
+            "(crash, OOM or kill)"
+        )
+        log.error("dead-lettered message %s: %s", message.id, reason)
+        self.observer.published([message], ["dead_letter"], 0.0)
+        self.counters.dead_lettered += 1
+        await self._settle(claim, Settlement(dead=[(message.id, reason)]))
+
+    async def _wait_for_in_flight(self) -> None:
+        """Wait until no batch is in flight (or the relay stops)."""
+        while self._in_flight and not self._stop.is_set():
+            await self._sleep(self.settings.poll_interval, in_flight=True)
 
     async def _keep_lease(self, claim: Claim) -> None:
         """Extend the batch's lease every third of a lease until it is settled.

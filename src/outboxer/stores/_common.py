@@ -13,6 +13,7 @@ from typing import Any, Protocol, TypeVar
 from outboxer.errors import ConfigurationError, NotFound, SchemaError, StoreError
 from outboxer.message import Message
 from outboxer.ports import (
+    Claim,
     DeadLetter,
     DeadLetterFilter,
     DeadLetterPage,
@@ -59,6 +60,18 @@ def message_from_row(row: Row) -> Message:
         available_at=to_datetime(row["available_at"]),
         attempts=row["attempts"],
     )
+
+
+def claim_from_rows(token: int, rows: Sequence[Row]) -> Claim:
+    """A claim from the rows a claim statement returned (in any order).
+
+    A row with ``lease_expiries`` is a suspect, which the claim statements return alone.
+    """
+    rows = sorted(rows, key=lambda r: r["seq"])  # RETURNING has no defined order: write order
+    messages = [message_from_row(r) for r in rows]
+    if len(rows) == 1 and rows[0]["lease_expiries"]:
+        return Claim(token, messages, isolated=True, solo_deaths=rows[0]["solo_deaths"])
+    return Claim(token, messages)
 
 
 def dead_letter_from_row(row: Row) -> DeadLetter:

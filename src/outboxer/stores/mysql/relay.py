@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from outboxer.ports import Claim, RelayInfo, Settlement
-from outboxer.stores._common import message_from_row
+from outboxer.stores._common import claim_from_rows
 from outboxer.stores.mysql.connection import MysqlPart, execute, fetch_all, fetch_value
 
 __all__ = ["MysqlRelay", "keep_in_order", "text_row", "utc"]
@@ -97,14 +97,18 @@ class MysqlRelay(MysqlPart):
         hold_dead_keys: bool = False,
     ) -> Claim:
         token = int.from_bytes(os.urandom(8), "big") >> 1  # a positive BIGINT
-        if ordered:
-            begin, select = _BEGIN_ORDERED, self.q["claim_ordered"]
-            args: dict[str, Any] = {"limit": limit, "hold": hold_dead_keys}
-        else:
-            begin, select, args = "START TRANSACTION", self.q["claim_unordered"], {"limit": limit}
+        mode = "ordered" if ordered else "unordered"
+        begin = _BEGIN_ORDERED if ordered else "START TRANSACTION"
+        args: dict[str, Any] = {"limit": limit, "hold": hold_dead_keys}
         async with self.db.transaction(begin) as conn:
-            rows = await fetch_all(conn, select, args)
-            kept = keep_in_order(rows) if ordered else rows
+            # A suspect (crash isolation) goes alone: only when there is none, a batch.
+            kept: list[dict[str, Any]] = await fetch_all(
+                conn, self.q[f"claim_suspect_{mode}"], args
+            )
+            alone = bool(kept)
+            if not alone:
+                rows = await fetch_all(conn, self.q[f"claim_{mode}"], args)
+                kept = keep_in_order(rows) if ordered else rows
             if kept:
                 await execute(
                     conn,
@@ -114,10 +118,10 @@ class MysqlRelay(MysqlPart):
                         "relay": relay_id,
                         "lease_us": micros(lease_seconds),
                         "seqs": tuple(row["seq"] for row in kept),
+                        "alone": alone,
                     },
                 )
-        messages = [message_from_row(text_row(row)) for row in sorted(kept, key=_seq)]
-        return Claim(token=token, messages=messages)
+        return claim_from_rows(token, [text_row(row) for row in kept])
 
     async def settle(self, claim: Claim, settlement: Settlement) -> None:
         token = claim.token
@@ -197,7 +201,3 @@ class MysqlRelay(MysqlPart):
     async def unregister(self, relay_id: str) -> None:
         async with self.db.connection() as conn:
             await execute(conn, self.q["unregister"], {"relay_id": relay_id})
-
-
-def _seq(row: Mapping[str, Any]) -> int:
-    return int(row["seq"])

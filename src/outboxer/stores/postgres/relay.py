@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 
 from outboxer.ports import Claim, RelayInfo, Settlement
-from outboxer.stores._common import message_from_row, wait_for_doorbell
+from outboxer.stores._common import claim_from_rows, wait_for_doorbell
 from outboxer.stores.postgres.connection import Conn, PostgresDatabase, PostgresPart
 
 __all__ = ["Doorbell", "PostgresRelay"]
@@ -106,10 +106,8 @@ class PostgresRelay(PostgresPart):
         if ordered:
             args += (hold_dead_keys,)
         async with self.db.connection() as conn:
-            rows = list(await conn.fetch(query, *args))
-        # RETURNING has no defined order: restore write order for the publisher.
-        rows.sort(key=lambda r: r["seq"])
-        return Claim(token=token, messages=[message_from_row(r) for r in rows])
+            rows = await conn.fetch(query, *args)
+        return claim_from_rows(token, rows)
 
     async def settle(self, claim: Claim, settlement: Settlement) -> None:
         statements: list[tuple[str, tuple[Any, ...]]] = []

@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from outboxer.ports import Claim, RelayInfo, Settlement
-from outboxer.stores._common import message_from_row, wait_for_doorbell
+from outboxer.stores._common import claim_from_rows, wait_for_doorbell
 from outboxer.stores.sqlite.connection import SqlitePart
 
 __all__ = ["SqliteRelay"]
@@ -42,11 +42,15 @@ class SqliteRelay(SqlitePart):
             "limit": limit,
             "hold": hold_dead_keys,
         }
-        query = self.q["claim_ordered" if ordered else "claim_unordered"]
-        async with self.db.transaction() as conn, conn.execute(query, params) as cur:
-            rows = list(await cur.fetchall())
-        rows.sort(key=lambda r: r["seq"])
-        return Claim(token=token, messages=[message_from_row(r) for r in rows])
+        mode = "ordered" if ordered else "unordered"
+        async with self.db.transaction() as conn:
+            # A suspect (crash isolation) goes alone: only when there is none, a batch.
+            async with conn.execute(self.q[f"claim_suspect_{mode}"], params) as cur:
+                rows = list(await cur.fetchall())
+            if not rows:
+                async with conn.execute(self.q[f"claim_{mode}"], params) as cur:
+                    rows = list(await cur.fetchall())
+        return claim_from_rows(token, rows)
 
     async def settle(self, claim: Claim, settlement: Settlement) -> None:
         token = claim.token

@@ -11,9 +11,9 @@
 -- The transaction runs at READ COMMITTED or lower, so InnoDB locks no gaps and releases the rows
 -- it read but did not return.
 SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
-       o.created_at, o.available_at, o.attempts, 0 AS position
+       o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths, 0 AS position
 FROM {outbox} o
-WHERE o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6)
+WHERE o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6) AND o.lease_expiries = 0
 ORDER BY o.seq
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
@@ -32,10 +32,10 @@ FOR UPDATE SKIP LOCKED
 --     committed all break that equality: an auto-increment value handed to a slower transaction
 --     is never overtaken by a later row of its key.
 SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
-       o.created_at, o.available_at, o.attempts,
+       o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths,
        (SELECT count(*) FROM {outbox} k WHERE k.`key` = o.`key` AND k.seq <= o.seq) AS position
 FROM {outbox} o
-WHERE o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6)
+WHERE o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6) AND o.lease_expiries = 0
   AND (o.`key` IS NULL OR NOT (
         SELECT h.claim_token IS NOT NULL OR h.available_at > UTC_TIMESTAMP(6)
         FROM {outbox} h WHERE h.`key` = o.`key` ORDER BY h.seq LIMIT 1))
@@ -46,11 +46,37 @@ ORDER BY o.seq
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
+-- name: claim_suspect_unordered
+-- Crash isolation (0005), first in the claim's transaction: a suspect (a message whose lease
+-- expired) is claimed alone, and then the claim is only that.
+SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
+       o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths, 0 AS position
+FROM {outbox} o
+WHERE o.lease_expiries > 0 AND o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6)
+ORDER BY o.seq
+LIMIT 1
+FOR UPDATE SKIP LOCKED
+
+-- name: claim_suspect_ordered
+-- The same, for a suspect that heads its key (position 1).
+SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
+       o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths, 1 AS position
+FROM {outbox} o
+WHERE o.lease_expiries > 0 AND o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6)
+  AND (o.`key` IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {outbox} h WHERE h.`key` = o.`key` AND h.seq < o.seq))
+  AND (NOT %(hold)s OR o.`key` IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {dead_letters} d WHERE d.`key` = o.`key` AND d.direction = 'publish'))
+ORDER BY o.seq
+LIMIT 1
+FOR UPDATE SKIP LOCKED
+
 -- name: claim_mark
 -- The second half of a claim: lease the kept rows (locked by claim_*), then commit.
 UPDATE {outbox}
 SET claim_token = %(token)s, locked_by = %(relay)s,
-    locked_until = UTC_TIMESTAMP(6) + INTERVAL %(lease_us)s MICROSECOND
+    locked_until = UTC_TIMESTAMP(6) + INTERVAL %(lease_us)s MICROSECOND,
+    locked_alone = %(alone)s
 WHERE seq IN %(seqs)s
 
 -- name: ack
@@ -102,9 +128,12 @@ DELETE FROM {outbox} WHERE id IN %(ids)s AND claim_token = %(token)s
 -- name: release_expired
 -- No index covers claim_token (a claim would then write it): this scans the table, which is
 -- why the sweeper runs it only every half lease. The count is added to the sweep report next.
+-- Each message taken back becomes a suspect; one that was alone counts a solo death (0005).
 UPDATE {outbox}
 SET claim_token = NULL, last_error = CONCAT('lease of relay ', locked_by, ' expired'),
-    locked_by = NULL, locked_until = NULL
+    locked_by = NULL, locked_until = NULL,
+    lease_expiries = lease_expiries + 1, solo_deaths = solo_deaths + locked_alone,
+    locked_alone = FALSE
 WHERE claim_token IS NOT NULL AND locked_until < UTC_TIMESTAMP(6)
 
 -- name: count_released

@@ -7,18 +7,28 @@
 -- batches without waiting on each other.
 -- The rows are updated by ctid: they are locked by this statement, so their ctid cannot
 -- change, and a TID scan avoids the hash join over the whole table a join on id plans.
-WITH candidates AS (
+-- Crash isolation (0005): a suspect (a message whose lease expired) is claimed alone, before
+-- anything else; the probe of the partial index "{t}_suspects" costs nothing when there is none.
+WITH suspect AS MATERIALIZED (
     SELECT ctid FROM {outbox}
-    WHERE claim_token IS NULL AND available_at <= now()
+    WHERE lease_expiries > 0 AND claim_token IS NULL AND available_at <= now()
+    ORDER BY seq
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), candidates AS (
+    SELECT ctid FROM {outbox}
+    WHERE claim_token IS NULL AND available_at <= now() AND lease_expiries = 0
+      AND NOT EXISTS (SELECT 1 FROM suspect)
     ORDER BY seq
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {outbox} AS o
-SET claim_token = $2, locked_by = $3, locked_until = now() + make_interval(secs => $4)
-WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM candidates))
+SET claim_token = $2, locked_by = $3, locked_until = now() + make_interval(secs => $4),
+    locked_alone = o.lease_expiries > 0
+WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM suspect UNION ALL SELECT ctid FROM candidates))
 RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.headers::text,
-          o.created_at, o.available_at, o.attempts
+          o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths
 
 -- name: claim_ordered
 -- Per-key order with any number of relays. A keyed row may be claimed only when every older
@@ -31,10 +41,23 @@ RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.head
 --     and a failure releases the rest of its run.)
 --  2. SKIP LOCKED leaves out rows another relay is claiming at this moment, and a delayed row
 --     may sit in the middle of a key. So a candidate is kept only if the number of rows of its
---     key up to it equals its rank among our candidates of that key: no gap before it.
-WITH candidates AS MATERIALIZED (
+--     key up to it equals its rank among our candidates of that key: no gap before it. (A
+--     suspect is such a gap too: it is never a candidate.)
+-- Crash isolation (0005): a suspect that heads its key is claimed alone, before anything else.
+WITH suspect AS MATERIALIZED (
+    SELECT o.ctid FROM {outbox} o
+    WHERE o.lease_expiries > 0 AND o.claim_token IS NULL AND o.available_at <= now()
+      AND (NOT $5::bool OR o.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {dead_letters} d WHERE d.key = o.key AND d.direction = 'publish'))
+      AND (o.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {outbox} h WHERE h.key = o.key AND h.seq < o.seq))
+    ORDER BY o.seq
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), candidates AS MATERIALIZED (
     SELECT o.ctid, o.key, o.seq FROM {outbox} o
     WHERE o.claim_token IS NULL AND o.available_at <= now()
+      AND o.lease_expiries = 0 AND NOT EXISTS (SELECT 1 FROM suspect)
       -- commit-order gate: no transaction older than this row's is still writing
       AND (o.txid IS NULL OR o.txid < pg_snapshot_xmin(pg_current_snapshot()))
       -- a key whose earlier message is a dead letter stays on hold, if the relay asks so
@@ -52,14 +75,17 @@ WITH candidates AS MATERIALIZED (
     FROM candidates WHERE key IS NOT NULL
 )
 UPDATE {outbox} AS o
-SET claim_token = $2, locked_by = $3, locked_until = now() + make_interval(secs => $4)
+SET claim_token = $2, locked_by = $3, locked_until = now() + make_interval(secs => $4),
+    locked_alone = o.lease_expiries > 0
 WHERE o.ctid = ANY(ARRAY(
+    SELECT ctid FROM suspect
+    UNION ALL
     SELECT ctid FROM candidates WHERE key IS NULL
     UNION ALL
     SELECT r.ctid FROM ranked r
     WHERE (SELECT count(*) FROM {outbox} k WHERE k.key = r.key AND k.seq <= r.seq) = r.rank))
 RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.headers::text,
-          o.created_at, o.available_at, o.attempts
+          o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths
 
 -- name: ack
 DELETE FROM {outbox} WHERE id = ANY($1::text[]) AND claim_token = $2
@@ -119,9 +145,14 @@ ON CONFLICT (id) DO UPDATE
 -- name: release_expired
 -- No index covers claim_token (see the fillfactor note in the schema): this scans the table,
 -- which is why the sweeper runs it only every half lease. The count is kept for the next sweep.
+-- Each message taken back becomes a suspect (claimed alone from now on); one that was alone
+-- when its relay died counts a solo death (crash isolation, 0005).
 WITH released AS (
     UPDATE {outbox}
     SET claim_token = NULL, locked_by = NULL, locked_until = NULL,
+        lease_expiries = lease_expiries + 1,
+        solo_deaths = solo_deaths + CASE WHEN locked_alone THEN 1 ELSE 0 END,
+        locked_alone = false,
         last_error = 'lease of relay ' || locked_by || ' expired'
     WHERE claim_token IS NOT NULL AND locked_until < now()
     RETURNING 1

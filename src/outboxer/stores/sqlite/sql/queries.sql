@@ -11,9 +11,10 @@ SET claim_token = :token, locked_by = :relay,
 WHERE seq IN (
     SELECT seq FROM {outbox}
     WHERE claim_token IS NULL AND available_at <= (julianday('now') - 2440587.5) * 86400.0
+      AND lease_expiries = 0
     ORDER BY seq LIMIT :limit)
 RETURNING id, seq, topic, key, type, payload, content_type, headers, created_at, available_at,
-          attempts
+          attempts, lease_expiries, solo_deaths
 
 -- name: claim_ordered
 -- See the PostgreSQL query of the same name. SQLite claims are serialized by BEGIN IMMEDIATE,
@@ -24,6 +25,7 @@ SET claim_token = :token, locked_by = :relay,
 WHERE seq IN (
     SELECT o.seq FROM {outbox} o
     WHERE o.claim_token IS NULL AND o.available_at <= (julianday('now') - 2440587.5) * 86400.0
+      AND o.lease_expiries = 0
       AND (o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM (SELECT h.claim_token, h.available_at FROM {outbox} h
                            WHERE h.key = o.key ORDER BY h.seq LIMIT 1) head
@@ -32,14 +34,41 @@ WHERE seq IN (
       -- a key whose earlier message is a dead letter stays on hold, if the relay asks so
       AND (NOT :hold OR o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {dead_letters} d WHERE d.key = o.key AND d.direction = 'publish'))
-      -- no gap (a delayed row) between the key's head and this row
+      -- no gap (a delayed row, or a suspect: it goes alone) between the key's head and this row
       AND (o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {outbox} g
             WHERE g.key = o.key AND g.seq < o.seq
-              AND g.available_at > (julianday('now') - 2440587.5) * 86400.0))
+              AND (g.available_at > (julianday('now') - 2440587.5) * 86400.0 OR g.lease_expiries > 0)))
     ORDER BY o.seq LIMIT :limit)
 RETURNING id, seq, topic, key, type, payload, content_type, headers, created_at, available_at,
-          attempts
+          attempts, lease_expiries, solo_deaths
+
+-- name: claim_suspect_unordered
+-- Crash isolation (0005): run first in the claim's transaction; a suspect (a message whose lease
+-- expired) is claimed alone, and then the claim is only that.
+UPDATE {outbox}
+SET claim_token = :token, locked_by = :relay, locked_until = (julianday('now') - 2440587.5) * 86400.0 + :lease, locked_alone = 1
+WHERE seq = (
+    SELECT seq FROM {outbox}
+    WHERE lease_expiries > 0 AND claim_token IS NULL AND available_at <= (julianday('now') - 2440587.5) * 86400.0
+    ORDER BY seq LIMIT 1)
+RETURNING id, seq, topic, key, type, payload, content_type, headers, created_at, available_at,
+          attempts, lease_expiries, solo_deaths
+
+-- name: claim_suspect_ordered
+-- The same, for a suspect that heads its key.
+UPDATE {outbox}
+SET claim_token = :token, locked_by = :relay, locked_until = (julianday('now') - 2440587.5) * 86400.0 + :lease, locked_alone = 1
+WHERE seq = (
+    SELECT o.seq FROM {outbox} o
+    WHERE o.lease_expiries > 0 AND o.claim_token IS NULL AND o.available_at <= (julianday('now') - 2440587.5) * 86400.0
+      AND (NOT :hold OR o.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {dead_letters} d WHERE d.key = o.key AND d.direction = 'publish'))
+      AND (o.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {outbox} h WHERE h.key = o.key AND h.seq < o.seq))
+    ORDER BY o.seq LIMIT 1)
+RETURNING id, seq, topic, key, type, payload, content_type, headers, created_at, available_at,
+          attempts, lease_expiries, solo_deaths
 
 -- name: ack
 DELETE FROM {outbox}
@@ -85,8 +114,11 @@ DELETE FROM {outbox}
 WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(:items)) AND claim_token = :token
 
 -- name: release_expired
+-- Each message taken back becomes a suspect; one that was alone counts a solo death (0005).
 UPDATE {outbox}
 SET claim_token = NULL, locked_by = NULL, locked_until = NULL,
+    lease_expiries = lease_expiries + 1, solo_deaths = solo_deaths + locked_alone,
+    locked_alone = 0,
     last_error = 'lease of relay ' || locked_by || ' expired'
 WHERE claim_token IS NOT NULL AND locked_until < (julianday('now') - 2440587.5) * 86400.0
 
