@@ -53,6 +53,13 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._virtual_now
 
+    def call_at(self, when: float, callback: Any, *args: Any, context: Any = None) -> Any:
+        # asyncio fires a timer up to its clock resolution early. On a real clock time moves
+        # on anyway; here it would not, and a loop waiting for "a bit more" (a wait of 1e-15 s)
+        # would fire at the same instant forever. So a timer lies at least that far ahead.
+        when = max(when, self._virtual_now + self._clock_resolution)
+        return super().call_at(when, callback, *args, context=context)
+
     def advance(self, seconds: float) -> None:
         self._virtual_now += seconds
 

@@ -126,18 +126,39 @@ class Tally(collections.Counter[str]):
     """Injected faults and notable events, by kind."""
 
 
-class FaultyStore:
-    """A relay's view of the store: faults injected around every call of the inner store."""
+class Injector:
+    """What the faulty store and publisher of one relay share: its life, the dice, the tally."""
 
     def __init__(
-        self, inner: Any, life: Life, rng: random.Random, faults: Faults, tally: Tally, lease: float
+        self, life: Life, rng: random.Random, faults: Faults, tally: Tally, lease: float
     ) -> None:
-        self.inner = inner
         self.life = life
         self.rng = rng
         self.faults = faults
         self.tally = tally
         self.lease = lease
+
+    async def slow_down(self, kind: str, longest: float) -> None:
+        self.tally[kind] += 1
+        self.life.incident()
+        await asyncio.sleep(self.rng.uniform(0, longest))
+        await self.life.gate()
+
+    async def kill(self, kind: str) -> bool:
+        """Kill the relay now (this returns never), or return True: kill it after the call."""
+        self.tally[kind] += 1
+        if self.rng.random() < 0.5:
+            self.life.kill()
+            await self.life.gate()
+        return True
+
+
+class FaultyStore(Injector):
+    """A relay's view of the store: faults injected around every call of the inner store."""
+
+    def __init__(self, inner: Any, *args: Any) -> None:
+        super().__init__(*args)
+        self.inner = inner
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         life, rng, f = self.life, self.rng, self.faults
@@ -149,16 +170,9 @@ class FaultyStore:
                 life.incident()
                 raise StoreUnavailable(f"injected: {name} refused")
             if rng.random() < f.store_slow:
-                self.tally["slow store call"] += 1
-                life.incident()
-                await asyncio.sleep(rng.uniform(0, 1.5 * self.lease))
-                await life.gate()
+                await self.slow_down("slow store call", 1.5 * self.lease)
             if rng.random() < f.kill_in_store:
-                self.tally["relay killed at a store call"] += 1
-                if rng.random() < 0.5:
-                    life.kill()
-                    await life.gate()
-                kill_after = True
+                kill_after = await self.kill("relay killed at a store call")
         result = await getattr(self.inner, name)(*args, **kwargs)
         if name == "release_expired_leases":
             self.tally["messages taken back after a lease expired"] += result
@@ -217,25 +231,12 @@ class Broker:
         self.retryable_left: dict[int, int] = {}
 
 
-class FaultyPublisher:
+class FaultyPublisher(Injector):
     """A relay's publisher: decides each message by its nature, injects faults per call."""
 
-    def __init__(
-        self,
-        broker: Broker,
-        life: Life,
-        rng: random.Random,
-        faults: Faults,
-        tally: Tally,
-        lease: float,
-        retry_budget: int,
-    ) -> None:
+    def __init__(self, broker: Broker, retry_budget: int, *args: Any) -> None:
+        super().__init__(*args)
         self.broker = broker
-        self.life = life
-        self.rng = rng
-        self.faults = faults
-        self.tally = tally
-        self.lease = lease
         self.retry_budget = retry_budget
 
     async def __aenter__(self) -> FaultyPublisher:
@@ -257,15 +258,9 @@ class FaultyPublisher:
                 self.tally["publisher bug (unexpected exception)"] += 1
                 raise RuntimeError("injected: publisher is not open")
             if rng.random() < f.slow_publish:
-                self.tally["slow publish"] += 1
-                await asyncio.sleep(rng.uniform(0, 3 * self.lease))
-                await life.gate()
+                await self.slow_down("slow publish", 3 * self.lease)
             if rng.random() < f.kill_in_publish:
-                self.tally["relay killed while publishing"] += 1
-                if rng.random() < 0.5:
-                    life.kill()
-                    await life.gate()
-                kill_after = True
+                kill_after = await self.kill("relay killed while publishing")
         results: list[PublishError | None] = []
         for message in messages:
             body = json.loads(message.payload)
@@ -487,23 +482,9 @@ class Scenario:
             generation += 1
             life = Life(self.incidents_alone)
             self.lives.append(life)
-            store = FaultyStore(
-                await self._open_store(),
-                life,
-                self.rng,
-                self.faults,
-                self.tally,
-                self.settings.lease_seconds,
-            )
-            publisher = FaultyPublisher(
-                self.broker,
-                life,
-                self.rng,
-                self.faults,
-                self.tally,
-                self.settings.lease_seconds,
-                retry_budget=self.max_attempts - 1,
-            )
+            dice = (life, self.rng, self.faults, self.tally, self.settings.lease_seconds)
+            store = FaultyStore(await self._open_store(), *dice)
+            publisher = FaultyPublisher(self.broker, self.max_attempts - 1, *dice)
             settings = dataclasses.replace(self.settings, relay_id=f"relay{n}.{generation}")
             relay = Relay(store, publisher, settings)
             run = asyncio.create_task(relay.run())
