@@ -9,7 +9,7 @@ published, dead-lettered with a reason), no healthy message dead-lettered, per-k
 deliveries, duplicates only for messages whose lease expired.
 
 ``OUTBOXER_SIM_SCENARIOS`` sets the number of seeds per store (default 1600 in memory, 240 on
-SQLite: about 100 s on 2 cores with ``-n 2``);
+SQLite: about 70 s on 2 cores with ``-n 2``);
 ``OUTBOXER_SIM_SEED=N`` runs one seed (the reproduction line a failure prints).
 """
 
