@@ -24,6 +24,7 @@ import outboxer
 from outboxer.errors import ConfigurationError
 from outboxer.integrations.django import database_url, enqueue, enqueue_many
 from outboxer.integrations.django.models import DeadLetter
+from outboxer.stores import ddl
 from tests import catalog
 from tests.conftest import unique_name
 from tests.django.conftest import relay_until_empty
@@ -113,7 +114,7 @@ def test_the_migrations_build_the_schema_db_upgrade_builds(alias: str, tmp_path:
             )
             with connections[alias].cursor() as cursor:
                 cursor.execute(drop.format(connections[alias].ops.quote_name(schema)))
-    assert upgraded["versions"] == [1, 2, 3, 4]
+    assert upgraded["versions"] == list(range(1, ddl.latest_version("postgres") + 1))
     assert migrated == upgraded
 
 
@@ -184,3 +185,22 @@ def test_dead_letters_in_the_admin_replay_and_delete(alias: str, admin_client: A
         purged = admin_client.post("/admin/outboxer/deadletter/", purge, follow=True)
         assert "Deleted 2 dead letter(s)" in purged.content.decode()
         assert not DeadLetter.objects.using(alias).exists()
+
+
+def test_the_last_migration_reaches_the_schema_this_outboxer_expects() -> None:
+    """A new schema version of outboxer needs a migration of the Django app (here, not in a
+    user's project); without it every Django project would stop one version behind."""
+    from django.db.migrations.loader import MigrationLoader
+
+    from outboxer.integrations.django.operations import UpgradeOutbox
+
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    versions = [
+        operation.version
+        for (app, _), migration in loader.disk_migrations.items()
+        if app == "outboxer"
+        for operation in migration.operations
+        if isinstance(operation, UpgradeOutbox)
+    ]
+    assert max(versions) == ddl.latest_version("postgres") == ddl.latest_version("sqlite")
+    assert max(versions) == ddl.latest_version("mysql")
