@@ -276,6 +276,46 @@ class Relay:
         """A background loop completed a round: its deaths are no longer "in a row"."""
         self._task_deaths.pop(name, None)
 
+    async def _claim(self) -> Claim | None:
+        """One claim; ``None`` during a broker outage or after a store failure, once its pause
+        has been waited out."""
+        settings = self.settings
+        wait = self._outage_until - self._now()
+        if wait > 0:
+            await self._sleep(wait)
+            return None
+        started = self._now()
+        try:
+            claim = await self.store.claim_batch(
+                limit=settings.batch_size,
+                lease_seconds=settings.lease_seconds,
+                ordered=settings.ordered,
+                relay_id=self.relay_id,
+                hold_dead_keys=settings.hold_keys_after_dead_letter,
+            )
+        except StoreError as exc:
+            self.observer.store_unavailable("claim")
+            self._store_failures += 1
+            delay = settings.outage.delay(self._store_failures)
+            log.warning("store unavailable (%s): retrying in %.1fs", exc, delay)
+            await self._sleep(delay)
+            return None
+        self._store_failures = 0
+        self.observer.claimed(len(claim.messages), self._now() - started)
+        return claim
+
+    async def _drained(self) -> bool:
+        """Nothing in flight here and nothing left to publish (``drain`` ends)."""
+        return not self._in_flight and await self._outbox_empty()
+
+    def _start_delivery(self, claim: Claim) -> None:
+        """Publish and settle ``claim`` in a task of its own (one of the window's slots)."""
+        self.counters.claimed += len(claim.messages)
+        task = asyncio.create_task(self._deliver(claim))
+        self._in_flight.add(task)
+        task.add_done_callback(self._delivered)
+        self.observer.in_flight(len(self._in_flight))
+
     async def _claim_loop(self, until_empty: bool) -> None:
         settings = self.settings
         idle = settings.min_poll_interval
@@ -284,38 +324,15 @@ class Relay:
             await self._window.acquire()
             started = False
             try:
-                wait = self._outage_until - self._now()
-                if wait > 0:
-                    await self._sleep(wait)
-                    continue
                 busy, settled = len(self._in_flight), self._settled_batches
-                claim_started = self._now()
-                try:
-                    claim = await self.store.claim_batch(
-                        limit=settings.batch_size,
-                        lease_seconds=settings.lease_seconds,
-                        ordered=settings.ordered,
-                        relay_id=self.relay_id,
-                        hold_dead_keys=settings.hold_keys_after_dead_letter,
-                    )
-                except StoreError as exc:
-                    self.observer.store_unavailable("claim")
-                    self._store_failures += 1
-                    delay = settings.outage.delay(self._store_failures)
-                    log.warning("store unavailable (%s): retrying in %.1fs", exc, delay)
-                    await self._sleep(delay)
+                claim = await self._claim()
+                if claim is None:
                     continue
-                self._store_failures = 0
-                self.observer.claimed(len(claim.messages), self._now() - claim_started)
                 if claim.messages:
                     idle = settings.min_poll_interval
                     if busy:
                         saturated = False  # work was found beside batches in flight
-                    self.counters.claimed += len(claim.messages)
-                    task = asyncio.create_task(self._deliver(claim))
-                    self._in_flight.add(task)
-                    task.add_done_callback(self._delivered)
-                    self.observer.in_flight(len(self._in_flight))
+                    self._start_delivery(claim)
                     started = True
                     if claim.isolated:
                         # Crash isolation: nothing else is claimed until it is settled.
@@ -330,7 +347,7 @@ class Relay:
                         saturated = True
                     if self._settled_batches != settled:
                         continue  # a batch settled meanwhile and may have unblocked keys
-                    if until_empty and not self._in_flight and await self._outbox_empty():
+                    if until_empty and await self._drained():
                         return
             finally:
                 if not started:
