@@ -89,6 +89,44 @@ class _Row:
     locked_alone: bool = False
 
 
+def _suspect_head(
+    rows: Sequence[_Row], now: dt.datetime, *, ordered: bool, held: set[str]
+) -> _Row | None:
+    """The first free suspect (a row whose lease expired) that heads its key (in ordered mode)
+    and whose key is not held behind a dead letter."""
+    heads: set[str] = set()
+    for row in rows:
+        key = row.message.key
+        head = key is None or key not in heads
+        if key is not None:
+            heads.add(key)
+        free = row.token is None and row.available_at <= now
+        if row.lease_expiries and free and (head or not ordered) and key not in held:
+            return row
+    return None
+
+
+def _claimable(
+    rows: Sequence[_Row], now: dt.datetime, *, ordered: bool, held: set[str], limit: int
+) -> list[_Row]:
+    """Up to ``limit`` free rows in write order; in ordered mode none behind an older row of its
+    key that is leased, waiting or suspect, and none of a key held behind a dead letter."""
+    claimed: list[_Row] = []
+    blocked: set[str] = set()
+    for row in rows:
+        if len(claimed) >= limit:
+            break
+        key = row.message.key
+        if row.token is not None or row.available_at > now or row.lease_expiries:
+            if key is not None:
+                blocked.add(key)
+            continue
+        if key is not None and (key in held or (ordered and key in blocked)):
+            continue
+        claimed.append(row)
+    return claimed
+
+
 class InMemoryStore:
     """A :class:`~outboxer.ports.Store` in a dict, with the PostgreSQL store's semantics.
 
@@ -162,8 +200,10 @@ class InMemoryStore:
     ) -> Claim:
         now = self._clock()
         token = int.from_bytes(os.urandom(8), "big") >> 1
-        dead_keys = self._dead_keys()
         rows = sorted(self._rows.values(), key=lambda r: r.seq)
+        held: set[str] = set()
+        if ordered and hold_dead_keys:
+            held = {key for key in self._dead_keys() if key is not None}
 
         def lease(row: _Row) -> Message:
             row.token, row.locked_by = token, relay_id
@@ -171,37 +211,12 @@ class InMemoryStore:
             return replace(row.message, available_at=row.available_at)
 
         # Crash isolation: a suspect (its lease expired) that heads its key goes alone, first.
-        heads: set[str] = set()
-        for row in rows:
-            key = row.message.key
-            head = key is None or key not in heads
-            if key is not None:
-                heads.add(key)
-            if (
-                row.lease_expiries
-                and row.token is None
-                and row.available_at <= now
-                and (not ordered or head)
-                and not (ordered and hold_dead_keys and key is not None and key in dead_keys)
-            ):
-                row.locked_alone = True
-                return Claim(token, [lease(row)], isolated=True, solo_deaths=row.solo_deaths)
-        claimed: list[Message] = []
-        blocked: set[str] = set()  # keys with an older row that is leased, waiting or suspect
-        for row in rows:
-            if len(claimed) >= limit:
-                break
-            key = row.message.key
-            if row.token is not None or row.available_at > now or row.lease_expiries:
-                if key is not None:
-                    blocked.add(key)
-                continue
-            if ordered and key is not None and key in blocked:
-                continue
-            if ordered and hold_dead_keys and key is not None and key in dead_keys:
-                continue
-            claimed.append(lease(row))
-        return Claim(token=token, messages=claimed)
+        suspect = _suspect_head(rows, now, ordered=ordered, held=held)
+        if suspect is not None:
+            suspect.locked_alone = True
+            return Claim(token, [lease(suspect)], isolated=True, solo_deaths=suspect.solo_deaths)
+        claimable = _claimable(rows, now, ordered=ordered, held=held, limit=limit)
+        return Claim(token=token, messages=[lease(row) for row in claimable])
 
     def _owned(self, ids: Sequence[str], token: int) -> list[_Row]:
         return [r for i in ids if (r := self._rows.get(i)) is not None and r.token == token]
