@@ -25,7 +25,7 @@ from outboxer._ids import new_message_id
 from outboxer.config import RelaySettings, TableNames
 from outboxer.errors import PublishError
 from outboxer.message import JSON, Message
-from outboxer.ports import Publisher, Settlement
+from outboxer.ports import ClaimRequest, Publisher, Settlement
 from outboxer.relay import Relay
 from outboxer.stores.postgres import PostgresStore
 
@@ -120,7 +120,7 @@ async def claim_cost(store: Any, *, ordered: bool, rounds: int = 20) -> tuple[fl
     for _ in range(rounds):
         started = time.perf_counter()
         claim = await store.claim_batch(
-            limit=500, lease_seconds=30, ordered=ordered, relay_id="bench"
+            ClaimRequest(limit=500, lease_seconds=30, ordered=ordered, relay_id="bench")
         )
         claimed = time.perf_counter()
         await store.settle(claim, Settlement(published=[m.id for m in claim.messages]))

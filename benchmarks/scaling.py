@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 import outboxer
 from benchmarks.common import PAYLOAD, PG_URL, NullPublisher, fill, fresh_schema, save
 from outboxer.config import RelaySettings, TableNames
+from outboxer.ports import ClaimRequest
 from outboxer.relay import Relay
 from outboxer.stores.postgres import PostgresStore
 
@@ -119,7 +120,7 @@ async def takeover(lease: float = 10.0) -> dict[str, Any]:
             await fill(schema, 2000, topic=stream, keys=None)
             # Relay A claims everything and dies before settling: a store claim stands for it.
             claim = await store.claim_batch(
-                limit=2000, lease_seconds=lease, ordered=True, relay_id="killed"
+                ClaimRequest(limit=2000, lease_seconds=lease, ordered=True, relay_id="killed")
             )
             killed_at = time.perf_counter()
             procs = start_relays(1, schema, "--lease-seconds", str(lease))

@@ -35,6 +35,7 @@ from outboxer.message import Message
 __all__ = [
     "AdminStore",
     "Claim",
+    "ClaimRequest",
     "ConsumeFailure",
     "ConsumeOutcome",
     "DeadLetter",
@@ -103,6 +104,28 @@ class Claim:
     messages: Sequence[Message]
     isolated: bool = False
     solo_deaths: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """What a relay asks of :meth:`RelayStore.claim_batch`; it builds one from its settings.
+
+    Attributes:
+        limit: Messages at most (a suspect of crash isolation comes alone).
+        lease_seconds: How long the claim is owned before another relay may take it over.
+        ordered: Only the head (oldest remaining message) of each key is eligible, so a key's
+            next message is claimable only after its predecessor left the outbox; unkeyed
+            messages are always eligible.
+        relay_id: The relay holding the claim (operators see it).
+        hold_dead_keys: Ordered only: a key with a publish dead letter is not claimed until that
+            dead letter is replayed or purged.
+    """
+
+    limit: int
+    lease_seconds: float
+    ordered: bool
+    relay_id: str
+    hold_dead_keys: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,23 +386,9 @@ class RelayStore(SweeperStore, StatsStore, Protocol):
     """What the relay needs: claims and settlements under a lease, its doorbell, its registry
     entry, taking back expired leases; plus the sweep it runs and the counts ``drain`` reads."""
 
-    async def claim_batch(
-        self,
-        *,
-        limit: int,
-        lease_seconds: float,
-        ordered: bool,
-        relay_id: str,
-        hold_dead_keys: bool = False,
-    ) -> Claim:
-        """Lease up to ``limit`` available messages, oldest first.
-
-        With ``ordered``, only the head (oldest remaining message) of each key is eligible, so a
-        key's next message is claimable only after its predecessor left the outbox; unkeyed
-        messages are always eligible. Messages leased by anyone else are never returned.
-        With ``hold_dead_keys`` (ordered only), a key with a publish dead letter is not claimed
-        until that dead letter is replayed or purged.
-        """
+    async def claim_batch(self, request: ClaimRequest) -> Claim:
+        """Lease up to ``request.limit`` available messages, oldest first (see
+        :class:`ClaimRequest`). Messages leased by anyone else are never returned."""
         ...
 
     async def settle(self, claim: Claim, settlement: Settlement) -> None:

@@ -26,6 +26,7 @@ from outboxer.message import Message
 from outboxer.outbox import Outbox
 from outboxer.ports import (
     Claim,
+    ClaimRequest,
     ConsumeFailure,
     DeadLetter,
     DeadLetterFilter,
@@ -189,33 +190,25 @@ class InMemoryStore:
         """Messages still in the outbox, in write order."""
         return [r.message for r in sorted(self._rows.values(), key=lambda r: r.seq)]
 
-    async def claim_batch(
-        self,
-        *,
-        limit: int,
-        lease_seconds: float,
-        ordered: bool,
-        relay_id: str,
-        hold_dead_keys: bool = False,
-    ) -> Claim:
+    async def claim_batch(self, request: ClaimRequest) -> Claim:
         now = self._clock()
         token = int.from_bytes(os.urandom(8), "big") >> 1
         rows = sorted(self._rows.values(), key=lambda r: r.seq)
         held: set[str] = set()
-        if ordered and hold_dead_keys:
+        if request.ordered and request.hold_dead_keys:
             held = {key for key in self._dead_keys() if key is not None}
 
         def lease(row: _Row) -> Message:
-            row.token, row.locked_by = token, relay_id
-            row.locked_until = now + dt.timedelta(seconds=lease_seconds)
+            row.token, row.locked_by = token, request.relay_id
+            row.locked_until = now + dt.timedelta(seconds=request.lease_seconds)
             return replace(row.message, available_at=row.available_at)
 
         # Crash isolation: a suspect (its lease expired) that heads its key goes alone, first.
-        suspect = _suspect_head(rows, now, ordered=ordered, held=held)
+        suspect = _suspect_head(rows, now, ordered=request.ordered, held=held)
         if suspect is not None:
             suspect.locked_alone = True
             return Claim(token, [lease(suspect)], isolated=True, solo_deaths=suspect.solo_deaths)
-        claimable = _claimable(rows, now, ordered=ordered, held=held, limit=limit)
+        claimable = _claimable(rows, now, ordered=request.ordered, held=held, limit=request.limit)
         return Claim(token=token, messages=[lease(row) for row in claimable])
 
     def _owned(self, ids: Sequence[str], token: int) -> list[_Row]:

@@ -25,7 +25,7 @@ import pytest
 from playwright.async_api import Browser, ConsoleMessage, Dialog, Page, async_playwright, expect
 
 from outboxer.outbox import Outbox
-from outboxer.ports import DeadLetterFilter, RelayInfo, Settlement
+from outboxer.ports import ClaimRequest, DeadLetterFilter, RelayInfo, Settlement
 from outboxer.stores.postgres import PostgresStore
 from tests.acceptance.conftest import OUTBOXER, ROOT, Cli, assert_one_line_error
 
@@ -140,7 +140,9 @@ async def dead_letters(
     deadline = time.monotonic() + 10
     while len(claimed) < len(ids):
         assert time.monotonic() < deadline
-        claim = await pg_store.claim_batch(limit=10, lease_seconds=30, ordered=False, relay_id="r")
+        claim = await pg_store.claim_batch(
+            ClaimRequest(limit=10, lease_seconds=30, ordered=False, relay_id="r")
+        )
         await pg_store.settle(
             claim, Settlement(dead=[(m.id, reasons[m.id]) for m in claim.messages])
         )
@@ -254,7 +256,9 @@ async def test_dashboard_inspect_replay_and_delete_change_the_database(
     await row(page, target).wait_for(state="detached")
     after = await pg_store.stats()
     assert (after.dead_letters, after.pending) == (before.dead_letters - 1, before.pending + 1)
-    claim = await pg_store.claim_batch(limit=10, lease_seconds=30, ordered=False, relay_id="t")
+    claim = await pg_store.claim_batch(
+        ClaimRequest(limit=10, lease_seconds=30, ordered=False, relay_id="t")
+    )
     replayed = [m for m in claim.messages if m.id == target]
     assert replayed and replayed[0].attempts == 0 and replayed[0].key == "order-1000"
     await pg_store.settle(claim, Settlement(released=[m.id for m in claim.messages]))
@@ -328,7 +332,7 @@ async def test_the_dashboard_lists_messages_not_yet_published_with_their_state(
 
     # A relay leases one: the next poll shows it in flight, with the relay holding it.
     claim = await pg_store.claim_batch(
-        limit=1, lease_seconds=60, ordered=False, relay_id="relay-demo-1"
+        ClaimRequest(limit=1, lease_seconds=60, ordered=False, relay_id="relay-demo-1")
     )
     [leased] = claim.messages
     await expect(rows).to_have_count(1)

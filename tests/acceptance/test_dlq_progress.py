@@ -11,7 +11,7 @@ import asyncpg
 
 import outboxer
 from outboxer.config import TableNames
-from outboxer.ports import Settlement
+from outboxer.ports import ClaimRequest, Settlement
 from outboxer.stores.postgres import PostgresStore
 from tests.acceptance.conftest import OUTBOXER, Cli
 from tests.conftest import wait_past_commit_gate
@@ -28,7 +28,9 @@ async def dead_letters(pg_url: str, store: PostgresStore, schema: str, topic: st
         await conn.close()
     await wait_past_commit_gate(store)
     while True:
-        claim = await store.claim_batch(limit=500, lease_seconds=30, ordered=False, relay_id="t")
+        claim = await store.claim_batch(
+            ClaimRequest(limit=500, lease_seconds=30, ordered=False, relay_id="t")
+        )
         if not claim.messages:
             return
         await store.settle(claim, Settlement(dead=[(m.id, "broken") for m in claim.messages]))

@@ -19,6 +19,7 @@ from outboxer.errors import ConfigurationError, NotFound
 from outboxer.ports import (
     AdminStore,
     Claim,
+    ClaimRequest,
     DeadLetterFilter,
     DeadLetterStore,
     InboxStore,
@@ -40,7 +41,7 @@ async def claim(
     store: RelayStore, limit: int = 100, *, ordered: bool = True, lease: float = 30.0
 ) -> Claim:
     return await store.claim_batch(
-        limit=limit, lease_seconds=lease, ordered=ordered, relay_id=RELAY
+        ClaimRequest(limit=limit, lease_seconds=lease, ordered=ordered, relay_id=RELAY)
     )
 
 
@@ -403,12 +404,16 @@ class StoreContract:
         c = await claim(store, 1)
         await store.settle(c, Settlement(dead=[(first, "rejected")]))
         held = await store.claim_batch(
-            limit=10, lease_seconds=30, ordered=True, relay_id=RELAY, hold_dead_keys=True
+            ClaimRequest(
+                limit=10, lease_seconds=30, ordered=True, relay_id=RELAY, hold_dead_keys=True
+            )
         )
         assert [m.id for m in held.messages] == [other]  # "held" waits, others flow
         await store.purge_dead_letters(DeadLetterFilter(ids=[first]))
         released = await store.claim_batch(
-            limit=10, lease_seconds=30, ordered=True, relay_id=RELAY, hold_dead_keys=True
+            ClaimRequest(
+                limit=10, lease_seconds=30, ordered=True, relay_id=RELAY, hold_dead_keys=True
+            )
         )
         assert [m.id for m in released.messages] == [second]
 

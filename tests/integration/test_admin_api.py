@@ -24,7 +24,7 @@ from outboxer.admin import create_app, create_app_from_url
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError, StoreUnavailable
 from outboxer.outbox import Outbox
-from outboxer.ports import OutboxStats, RelayInfo, Retry, Settlement, Store
+from outboxer.ports import ClaimRequest, OutboxStats, RelayInfo, Retry, Settlement, Store
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
@@ -99,7 +99,7 @@ async def make_dead(pg_store: PostgresStore, write: MakeDead) -> MakeDead:
         while set(claimed) != set(ids):
             assert asyncio.get_running_loop().time() < deadline, "messages never claimable"
             claim = await pg_store.claim_batch(
-                limit=1000, lease_seconds=30, ordered=False, relay_id="test-relay"
+                ClaimRequest(limit=1000, lease_seconds=30, ordered=False, relay_id="test-relay")
             )
             mine = [m.id for m in claim.messages if m.id in ids]
             await pg_store.settle(
@@ -307,7 +307,9 @@ async def test_replay_one_moves_it_back_to_the_outbox_with_its_id_and_attempts_r
     assert response.json() == {"replayed": [target], "count": 1, "not_found": []}
     after = await pg_store.stats()
     assert (after.pending, after.dead_letters) == (before.pending + 1, before.dead_letters - 1)
-    claim = await pg_store.claim_batch(limit=10, lease_seconds=30, ordered=False, relay_id="r")
+    claim = await pg_store.claim_batch(
+        ClaimRequest(limit=10, lease_seconds=30, ordered=False, relay_id="r")
+    )
     assert [(m.id, m.attempts, m.key) for m in claim.messages] == [(target, 0, "o0")]
     assert claim.messages[0].json() == {"order": 0, "topic": "orders"}
     assert (await admin.get(f"/api/deadletters/{target}")).status_code == 404
@@ -351,7 +353,9 @@ async def test_bulk_replay_by_filter(
     assert response.json()["count"] == len(want)
     stats = await pg_store.stats()
     assert (stats.pending, stats.dead_letters) == (len(want), 5 - len(want))
-    claim = await pg_store.claim_batch(limit=100, lease_seconds=30, ordered=False, relay_id="r")
+    claim = await pg_store.claim_batch(
+        ClaimRequest(limit=100, lease_seconds=30, ordered=False, relay_id="r")
+    )
     assert sorted(m.id for m in claim.messages) == sorted(want)
     assert {m.attempts for m in claim.messages} == {0}
 
@@ -610,7 +614,9 @@ async def test_messages_show_their_state_attempts_error_and_relay(
     """Read-only and open without a token, like the other reads."""
     await make_dead("orders", 1, key="o-7")
     [retrying, leased] = await write("payments", 2, type="PaymentTaken", key=lambda i: f"p{i}")
-    claim = await pg_store.claim_batch(limit=10, lease_seconds=30, ordered=False, relay_id="r-1")
+    claim = await pg_store.claim_batch(
+        ClaimRequest(limit=10, lease_seconds=30, ordered=False, relay_id="r-1")
+    )
     assert {m.id for m in claim.messages} == {retrying, leased}
     await pg_store.settle(claim, Settlement(retries=[Retry(retrying, 600, "broker said 503")]))
     [held] = await write("orders", 1, key="o-7")  # behind the dead letter of its key
@@ -703,7 +709,9 @@ async def test_a_published_message_is_gone_from_the_list(
     admin: Client, pg_store: PostgresStore, write: MakeDead
 ) -> None:
     [message_id] = await write("orders", 1)
-    claim = await pg_store.claim_batch(limit=10, lease_seconds=30, ordered=False, relay_id="r")
+    claim = await pg_store.claim_batch(
+        ClaimRequest(limit=10, lease_seconds=30, ordered=False, relay_id="r")
+    )
     await pg_store.settle(claim, Settlement(published=[message_id]))
     assert (await admin.get("/api/messages")).json()["items"] == []
     assert message_id in assert_problem(await admin.get(f"/api/messages/{message_id}"), 404)
@@ -943,7 +951,7 @@ async def test_metrics_report_a_known_state(
     while not held:  # one message leased by relay-a
         assert asyncio.get_running_loop().time() < deadline
         claim = await pg_store.claim_batch(
-            limit=1, lease_seconds=60, ordered=False, relay_id="relay-a"
+            ClaimRequest(limit=1, lease_seconds=60, ordered=False, relay_id="relay-a")
         )
         held = [m.id for m in claim.messages]
     response = await admin.get("/metrics")  # no token needed, but sending one does no harm
@@ -1066,7 +1074,9 @@ async def test_the_api_on_mariadb(
         await conn.commit()
     finally:
         conn.close()
-    claim = await mysql_store.claim_batch(limit=2, lease_seconds=30, ordered=True, relay_id="r")
+    claim = await mysql_store.claim_batch(
+        ClaimRequest(limit=2, lease_seconds=30, ordered=True, relay_id="r")
+    )
     await mysql_store.settle(claim, Settlement(dead=[(i, f"rejected: {i}") for i in ids[:2]]))
     url = mysql_url.replace("mysql://", "mariadb://")
     app = create_app_from_url(url, TableNames(schema=mysql_database), token=TOKEN)

@@ -28,7 +28,7 @@ from outboxer.admin import create_app_from_url
 from outboxer.admin.server import listen
 from outboxer.config import TableNames
 from outboxer.outbox import Outbox
-from outboxer.ports import Settlement
+from outboxer.ports import ClaimRequest, Settlement
 from outboxer.stores.postgres import PostgresStore
 
 TOKEN = "fuzz-admin-token-0123456789abcdef"
@@ -57,7 +57,9 @@ async def seeded(pg_store: PostgresStore, pg_url: str, pg_schema: str) -> list[s
         await conn.close()
     dead: list[str] = []
     for _ in range(200):
-        claim = await pg_store.claim_batch(limit=100, lease_seconds=30, ordered=False, relay_id="f")
+        claim = await pg_store.claim_batch(
+            ClaimRequest(limit=100, lease_seconds=30, ordered=False, relay_id="f")
+        )
         await pg_store.settle(claim, Settlement(dead=[(m.id, "rejected") for m in claim.messages]))
         dead += [m.id for m in claim.messages]
         if len(dead) == len(ids):

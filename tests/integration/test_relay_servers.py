@@ -16,7 +16,7 @@ import outboxer
 from outboxer.config import Backoff, RelaySettings
 from outboxer.errors import PublishError, RetryablePublishError
 from outboxer.message import Message
-from outboxer.ports import Settlement
+from outboxer.ports import ClaimRequest, Settlement
 from outboxer.relay import Relay
 from outboxer.stores.mysql import MysqlStore
 from outboxer.testing import RecordingPublisher
@@ -122,7 +122,9 @@ async def test_expired_lease_is_taken_over_and_the_old_owner_cannot_settle(
 ) -> None:
     await server.fill(10)
     store = server.store
-    stale = await store.claim_batch(limit=10, lease_seconds=0.3, ordered=True, relay_id="dead")
+    stale = await store.claim_batch(
+        ClaimRequest(limit=10, lease_seconds=0.3, ordered=True, relay_id="dead")
+    )
     await asyncio.sleep(0.5)
     publisher = RecordingPublisher()
     await Relay(store, publisher, QUICK).drain(timeout=20)  # reaps the lease, publishes
@@ -134,10 +136,12 @@ async def test_expired_lease_is_taken_over_and_the_old_owner_cannot_settle(
 async def test_sweeper_persists_its_report_and_only_one_relay_sweeps(server: Server) -> None:
     [message_id] = await server.fill(1)
     store = server.store
-    await store.claim_batch(limit=1, lease_seconds=0.1, ordered=True, relay_id="gone")
+    await store.claim_batch(ClaimRequest(limit=1, lease_seconds=0.1, ordered=True, relay_id="gone"))
     await asyncio.sleep(0.3)
     assert await store.release_expired_leases() == 1
-    again = await store.claim_batch(limit=1, lease_seconds=30, ordered=True, relay_id="r")
+    again = await store.claim_batch(
+        ClaimRequest(limit=1, lease_seconds=30, ordered=True, relay_id="r")
+    )
     await store.settle(again, Settlement(dead=[(message_id, "rejected")]))
 
     async def sweep(name: str) -> object:
@@ -161,7 +165,9 @@ async def test_sweeper_persists_its_report_and_only_one_relay_sweeps(server: Ser
 async def test_sweeper_purges_dead_letters_past_retention_in_batches(server: Server) -> None:
     ids = await server.fill(120)
     store = server.store
-    claim = await store.claim_batch(limit=120, lease_seconds=30, ordered=False, relay_id="r")
+    claim = await store.claim_batch(
+        ClaimRequest(limit=120, lease_seconds=30, ordered=False, relay_id="r")
+    )
     await store.settle(claim, Settlement(dead=[(i, "bad") for i in ids]))
     await age_dead_letters(server, ids[:100], days=2)
     for _ in range(2):
@@ -178,8 +184,12 @@ async def test_stats_flag_work_nobody_owns(server: Server) -> None:
     store = server.store
     live = Relay(store, RecordingPublisher())
     await store.heartbeat(live.info)
-    await store.claim_batch(limit=2, lease_seconds=30, ordered=True, relay_id=live.relay_id)
-    await store.claim_batch(limit=3, lease_seconds=30, ordered=True, relay_id="crashed")
+    await store.claim_batch(
+        ClaimRequest(limit=2, lease_seconds=30, ordered=True, relay_id=live.relay_id)
+    )
+    await store.claim_batch(
+        ClaimRequest(limit=3, lease_seconds=30, ordered=True, relay_id="crashed")
+    )
     stats = await store.stats()
     assert stats.in_flight == 5
     assert stats.unowned_in_flight == 3

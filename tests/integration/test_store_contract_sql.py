@@ -13,7 +13,7 @@ from outboxer.errors import StoreError
 from outboxer.inbox import consume
 from outboxer.message import Message
 from outboxer.outbox import Outbox
-from outboxer.ports import ConsumeFailure, DeadLetterFilter, Settlement
+from outboxer.ports import ClaimRequest, ConsumeFailure, DeadLetterFilter, Settlement
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
 from tests.conftest import wait_past_commit_gate
@@ -30,7 +30,9 @@ class ReplayIsOneTransaction:
         self, store: Any, add: Any
     ) -> None:
         published = await add("t", {"n": 1})
-        c = await store.claim_batch(limit=1, lease_seconds=30, ordered=True, relay_id="r")
+        c = await store.claim_batch(
+            ClaimRequest(limit=1, lease_seconds=30, ordered=True, relay_id="r")
+        )
         await store.settle(c, Settlement(dead=[(published, "rejected")]))
 
         async def broken(message: Message, conn: Any, attempt: int) -> None:

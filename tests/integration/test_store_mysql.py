@@ -10,6 +10,7 @@ import pytest
 
 from outboxer.config import RelaySettings, TableNames
 from outboxer.outbox import Outbox
+from outboxer.ports import ClaimRequest
 from outboxer.relay import Relay
 from outboxer.stores import _sql
 from outboxer.stores.mysql import MysqlStore
@@ -99,11 +100,11 @@ async def test_a_rolled_back_transaction_releases_its_key(
         finally:
             add.close()
         claim = await mysql_store.claim_batch(
-            limit=10, lease_seconds=30, ordered=True, relay_id="r"
+            ClaimRequest(limit=10, lease_seconds=30, ordered=True, relay_id="r")
         )
         assert claim.messages == []
         unordered = await mysql_store.claim_batch(
-            limit=10, lease_seconds=30, ordered=False, relay_id="r"
+            ClaimRequest(limit=10, lease_seconds=30, ordered=False, relay_id="r")
         )
         assert [m.id for m in unordered.messages] == [b], "unordered claims promise no order"
         async with t1.cursor() as cur:

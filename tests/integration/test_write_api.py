@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session, scoped_session, sessionmaker
 import outboxer
 from outboxer.config import Backoff, RelaySettings, TableNames
 from outboxer.errors import ConfigurationError, OutboxerError
+from outboxer.ports import ClaimRequest
 from outboxer.relay import Relay
 from outboxer.stores.postgres import PostgresStore
 from outboxer.testing import RecordingPublisher
@@ -618,7 +619,9 @@ async def test_payload_kinds_and_options_round_trip(
                 asyncpg_conn, "t", payload, key=n, type="T", headers={"n": str(n)}, id=f"id-{n}"
             )
     await wait_past_commit_gate(pg_store)
-    claim = await pg_store.claim_batch(limit=10, lease_seconds=5, ordered=True, relay_id="r")
+    claim = await pg_store.claim_batch(
+        ClaimRequest(limit=10, lease_seconds=5, ordered=True, relay_id="r")
+    )
     got = {m.id: m for m in claim.messages}
     for n, (_, body, content_type) in enumerate(payloads):
         message = got[f"id-{n}"]

@@ -43,7 +43,7 @@ from outboxer.errors import (
 )
 from outboxer.message import Message
 from outboxer.outbox import Outbox
-from outboxer.ports import Claim, DeadLetter, DeadLetterFilter, Settlement
+from outboxer.ports import Claim, ClaimRequest, DeadLetter, DeadLetterFilter, Settlement
 from outboxer.relay import Relay
 from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore
@@ -184,8 +184,8 @@ class FaultyStore(Injector):
             raise StoreUnavailable("injected: connection lost after commit")
         return result
 
-    async def claim_batch(self, **kwargs: Any) -> Claim:
-        result: Claim = await self._call("claim_batch", **kwargs)
+    async def claim_batch(self, request: ClaimRequest) -> Claim:
+        result: Claim = await self._call("claim_batch", request)
         return result
 
     async def settle(self, claim: Claim, settlement: Settlement) -> None:

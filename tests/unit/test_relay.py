@@ -18,7 +18,7 @@ from outboxer.errors import (
     RetryablePublishError,
 )
 from outboxer.message import Message
-from outboxer.ports import DeadLetterFilter, SweepReport
+from outboxer.ports import ClaimRequest, DeadLetterFilter, SweepReport
 from outboxer.relay import Relay
 from outboxer.testing import InMemoryStore, RecordingPublisher
 
@@ -254,7 +254,7 @@ async def test_a_dying_sweeper_is_restarted_and_leases_are_still_reaped(
     store = SweepFails([RuntimeError("bug"), OverflowError("interval out of range")])
     orphan = store.enqueue("t", {"n": 1})
     # A relay that died holding a lease: only the sweeper can give the message back.
-    await store.claim_batch(limit=1, lease_seconds=0.3, ordered=True, relay_id="dead")
+    await store.claim_batch(ClaimRequest(limit=1, lease_seconds=0.3, ordered=True, relay_id="dead"))
     publisher = RecordingPublisher()
     relay = Relay(store, publisher, settings(lease_seconds=0.2, heartbeat_interval=0.1))
     await relay.drain(timeout=10)

@@ -19,7 +19,7 @@ import pytest
 from outboxer.config import RelaySettings
 from outboxer.errors import BrokerUnavailable, PublishError, RetryablePublishError
 from outboxer.message import Message
-from outboxer.ports import Settlement, SweepReport
+from outboxer.ports import ClaimRequest, Settlement, SweepReport
 from outboxer.relay import Relay
 from outboxer.testing import InMemoryStore, RecordingPublisher
 from tests.simulation.virtual_time import VirtualTimeLoop
@@ -120,7 +120,9 @@ def test_one_sweep_a_minute_purging_50_expired_dead_letters_at_a_time() -> None:
         age = [0.0]
         store = virtual_store(age)
         ids = [store.enqueue("t", {"n": n}) for n in range(120)]
-        claim = await store.claim_batch(limit=120, lease_seconds=30, ordered=False, relay_id="x")
+        claim = await store.claim_batch(
+            ClaimRequest(limit=120, lease_seconds=30, ordered=False, relay_id="x")
+        )
         await store.settle(claim, Settlement(dead=[(i, "old") for i in ids]))
         age[0] = RelaySettings().dead_letter_retention + 1  # they are past their retention now
         sweeps: list[tuple[float, SweepReport]] = []

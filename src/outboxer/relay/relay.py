@@ -55,6 +55,7 @@ from outboxer.errors import (
 from outboxer.message import Message
 from outboxer.ports import (
     Claim,
+    ClaimRequest,
     Publisher,
     RelayInfo,
     RelayStore,
@@ -144,6 +145,13 @@ class Relay:
         )
         self.counters = RelayCounters()
         self._failure_log = FailureLog(log, self.settings.max_attempts, self._now)
+        self._claim_request = ClaimRequest(
+            limit=self.settings.batch_size,
+            lease_seconds=self.settings.lease_seconds,
+            ordered=self.settings.ordered,
+            relay_id=self.relay_id,
+            hold_dead_keys=self.settings.hold_keys_after_dead_letter,
+        )
         self._window = asyncio.Semaphore(self.settings.max_in_flight_batches)
         self._in_flight: set[asyncio.Task[None]] = set()
         self._settled_batches = 0
@@ -286,13 +294,7 @@ class Relay:
             return None
         started = self._now()
         try:
-            claim = await self.store.claim_batch(
-                limit=settings.batch_size,
-                lease_seconds=settings.lease_seconds,
-                ordered=settings.ordered,
-                relay_id=self.relay_id,
-                hold_dead_keys=settings.hold_keys_after_dead_letter,
-            )
+            claim = await self.store.claim_batch(self._claim_request)
         except StoreError as exc:
             self.observer.store_unavailable("claim")
             self._store_failures += 1

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from outboxer.ports import Claim, RelayInfo, Settlement
+from outboxer.ports import Claim, ClaimRequest, RelayInfo, Settlement
 from outboxer.stores._common import claim_from_rows
 from outboxer.stores.mysql.connection import MysqlPart, execute, fetch_all, fetch_value
 
@@ -87,19 +87,11 @@ class MysqlRelay(MysqlPart):
 
     _latest_seq: int | None = None
 
-    async def claim_batch(
-        self,
-        *,
-        limit: int,
-        lease_seconds: float,
-        ordered: bool,
-        relay_id: str,
-        hold_dead_keys: bool = False,
-    ) -> Claim:
+    async def claim_batch(self, request: ClaimRequest) -> Claim:
         token = int.from_bytes(os.urandom(8), "big") >> 1  # a positive BIGINT
-        mode = "ordered" if ordered else "unordered"
-        begin = _BEGIN_ORDERED if ordered else "START TRANSACTION"
-        args: dict[str, Any] = {"limit": limit, "hold": hold_dead_keys}
+        mode = "ordered" if request.ordered else "unordered"
+        begin = _BEGIN_ORDERED if request.ordered else "START TRANSACTION"
+        args: dict[str, Any] = {"limit": request.limit, "hold": request.hold_dead_keys}
         async with self.db.transaction(begin) as conn:
             # A suspect (crash isolation) goes alone: only when there is none, a batch.
             kept: list[dict[str, Any]] = await fetch_all(
@@ -108,15 +100,15 @@ class MysqlRelay(MysqlPart):
             alone = bool(kept)
             if not alone:
                 rows = await fetch_all(conn, self.q[f"claim_{mode}"], args)
-                kept = keep_in_order(rows) if ordered else rows
+                kept = keep_in_order(rows) if request.ordered else rows
             if kept:
                 await execute(
                     conn,
                     self.q["claim_mark"],
                     {
                         "token": token,
-                        "relay": relay_id,
-                        "lease_us": micros(lease_seconds),
+                        "relay": request.relay_id,
+                        "lease_us": micros(request.lease_seconds),
                         "seqs": tuple(row["seq"] for row in kept),
                         "alone": alone,
                     },

@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 
-from outboxer.ports import Claim, RelayInfo, Settlement
+from outboxer.ports import Claim, ClaimRequest, RelayInfo, Settlement
 from outboxer.stores._common import claim_from_rows, wait_for_doorbell
 from outboxer.stores.postgres.connection import Conn, PostgresDatabase, PostgresPart
 
@@ -91,20 +91,17 @@ class PostgresRelay(PostgresPart):
 
     doorbell: Doorbell
 
-    async def claim_batch(
-        self,
-        *,
-        limit: int,
-        lease_seconds: float,
-        ordered: bool,
-        relay_id: str,
-        hold_dead_keys: bool = False,
-    ) -> Claim:
+    async def claim_batch(self, request: ClaimRequest) -> Claim:
         token = int.from_bytes(os.urandom(8), "big") >> 1  # positive bigint
-        query = self.q["claim_ordered" if ordered else "claim_unordered"]
-        args: tuple[Any, ...] = (limit, token, relay_id, float(lease_seconds))
-        if ordered:
-            args += (hold_dead_keys,)
+        query = self.q["claim_ordered" if request.ordered else "claim_unordered"]
+        args: tuple[Any, ...] = (
+            request.limit,
+            token,
+            request.relay_id,
+            float(request.lease_seconds),
+        )
+        if request.ordered:
+            args += (request.hold_dead_keys,)
         async with self.db.connection() as conn:
             rows = await conn.fetch(query, *args)
         return claim_from_rows(token, rows)

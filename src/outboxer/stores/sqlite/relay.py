@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from outboxer.ports import Claim, RelayInfo, Settlement
+from outboxer.ports import Claim, ClaimRequest, RelayInfo, Settlement
 from outboxer.stores._common import claim_from_rows, wait_for_doorbell
 from outboxer.stores.sqlite.connection import SqlitePart
 
@@ -25,24 +25,16 @@ class SqliteRelay(SqlitePart):
 
     doorbell: asyncio.Event
 
-    async def claim_batch(
-        self,
-        *,
-        limit: int,
-        lease_seconds: float,
-        ordered: bool,
-        relay_id: str,
-        hold_dead_keys: bool = False,
-    ) -> Claim:
+    async def claim_batch(self, request: ClaimRequest) -> Claim:
         token = int.from_bytes(os.urandom(8), "big") >> 1
         params = {
             "token": token,
-            "relay": relay_id,
-            "lease": lease_seconds,
-            "limit": limit,
-            "hold": hold_dead_keys,
+            "relay": request.relay_id,
+            "lease": request.lease_seconds,
+            "limit": request.limit,
+            "hold": request.hold_dead_keys,
         }
-        mode = "ordered" if ordered else "unordered"
+        mode = "ordered" if request.ordered else "unordered"
         async with self.db.transaction() as conn:
             # A suspect (crash isolation) goes alone: only when there is none, a batch.
             async with conn.execute(self.q[f"claim_suspect_{mode}"], params) as cur:
