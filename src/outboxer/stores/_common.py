@@ -17,10 +17,11 @@ from outboxer.ports import (
     DeadLetter,
     DeadLetterFilter,
     DeadLetterPage,
-    DeadLetterStore,
     MessageFilter,
     MessagePage,
     OutboxMessage,
+    OutboxStats,
+    RelayInfo,
     SweepReport,
 )
 
@@ -165,6 +166,34 @@ def sweep_report(row: Row) -> SweepReport:
     )
 
 
+def outbox_stats(row: Row, relays: Sequence[Row], sweep: Row | None) -> OutboxStats:
+    """The figures from the rows of the ``stats``, ``live_relays`` and ``last_sweep`` queries
+    (counts may come back as another numeric type, times as epoch seconds: see
+    :func:`to_datetime`)."""
+    age = row["oldest_age"]
+    return OutboxStats(
+        pending=int(row["pending"]),
+        in_flight=int(row["in_flight"]),
+        dead_letters=int(row["dead_letters"]),
+        oldest_pending_age_seconds=float(age) if age is not None else None,
+        relays=[_relay_info(r) for r in relays],
+        last_sweep=sweep_report(sweep) if sweep is not None else None,
+        unowned_in_flight=int(row["unowned"]),
+        scheduled=int(row["scheduled"]),
+    )
+
+
+def _relay_info(row: Row) -> RelayInfo:
+    return RelayInfo(
+        relay_id=row["relay_id"],
+        hostname=row["hostname"],
+        pid=int(row["pid"]),
+        started_at=to_datetime(row["started_at"]),
+        heartbeat_at=to_datetime(row["heartbeat_at"]),
+        in_flight=int(row["in_flight"]),
+    )
+
+
 def to_datetime(value: dt.datetime | float | int) -> dt.datetime:
     """SQLite stores epoch seconds; PostgreSQL returns aware datetimes."""
     if isinstance(value, dt.datetime):
@@ -198,10 +227,32 @@ def dead_letter_page(rows: Sequence[Row], limit: int) -> DeadLetterPage:
     return DeadLetterPage([dead_letter_from_row(r) for r in page], next_cursor)
 
 
-class DeadLetterLookup:
-    """Mixin: ``get_dead_letter`` through the store's own ``list_dead_letters``."""
+class DeadLetterViews:
+    """The reading half of a SQL store's :class:`~outboxer.ports.AdminStore` port (figures,
+    dead letters listed and looked up), over the rows its dialect reads (``_stats_rows``,
+    ``_dead_letter_rows``)."""
 
-    async def get_dead_letter(self: DeadLetterStore, dead_letter_id: str) -> DeadLetter:
+    async def _stats_rows(self, live_seconds: float) -> tuple[Row, Sequence[Row], Row | None]:
+        """The rows of the ``stats``, ``live_relays`` and ``last_sweep`` queries."""
+        raise NotImplementedError
+
+    async def _dead_letter_rows(
+        self, flt: DeadLetterFilter, after: int | None, limit: int
+    ) -> Sequence[Row]:
+        """Up to ``limit`` dead letters of the filter, newest first, older than ``after``."""
+        raise NotImplementedError
+
+    async def stats(self, *, live_seconds: float = 15.0) -> OutboxStats:
+        return outbox_stats(*await self._stats_rows(live_seconds))
+
+    async def list_dead_letters(
+        self, flt: DeadLetterFilter, *, limit: int, cursor: str | None
+    ) -> DeadLetterPage:
+        limit = check_limit(limit)
+        rows = await self._dead_letter_rows(flt, parse_cursor(cursor), limit + 1)
+        return dead_letter_page(rows, limit)
+
+    async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter:
         page = await self.list_dead_letters(
             DeadLetterFilter(ids=[dead_letter_id]), limit=1, cursor=None
         )
@@ -296,3 +347,52 @@ async def purge_inbox(
             purged,
             forgotten,
         )
+
+
+class Sweeping:
+    """The sweeper's port (:class:`~outboxer.ports.SweeperStore`) of a SQL store: its dialect
+    elects one instance and sweeps the outbox (``_sweep_outbox``); the instance that won then
+    purges the inbox (:func:`purge_inbox`, over ``_purge_inbox_batch`` and
+    ``_forget_dead_failures``).
+
+    Attributes:
+        sweep_log: Where the inbox part of the sweep reports (the dialect's store logger).
+    """
+
+    sweep_log: logging.Logger
+
+    async def _sweep_outbox(
+        self, *, sweeper: str, interval: float, retention_seconds: float, batch_size: int
+    ) -> Row | None:
+        """The persisted report's row if this instance won and ran the sweep, else ``None``."""
+        raise NotImplementedError
+
+    async def _last_sweep_row(self) -> Row | None:
+        raise NotImplementedError
+
+    async def _purge_inbox_batch(self, batch: int) -> int:
+        """Delete up to ``batch`` expired inbox rows; how many were deleted."""
+        raise NotImplementedError
+
+    async def _forget_dead_failures(self, batch: int) -> int:
+        """Delete up to ``batch`` failure rows of purged consume dead letters; how many."""
+        raise NotImplementedError
+
+    async def sweep(
+        self, *, sweeper: str, interval: float, retention_seconds: float, batch_size: int
+    ) -> SweepReport | None:
+        row = await self._sweep_outbox(
+            sweeper=sweeper,
+            interval=interval,
+            retention_seconds=retention_seconds,
+            batch_size=batch_size,
+        )
+        if row is None:
+            return None
+        # This instance won the sweep: the inbox part follows.
+        await purge_inbox(self._purge_inbox_batch, self._forget_dead_failures, self.sweep_log)
+        return sweep_report(row)
+
+    async def last_sweep(self) -> SweepReport | None:
+        row = await self._last_sweep_row()
+        return sweep_report(row) if row is not None else None

@@ -8,18 +8,11 @@ consume dead letters are replayed in that one transaction: a replay is all or no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
-from outboxer.ports import DeadLetterFilter, DeadLetterPage, OutboxStats, RelayInfo
-from outboxer.stores._common import (
-    DeadLetterLookup,
-    check_limit,
-    dead_letter_page,
-    parse_cursor,
-    sweep_report,
-    to_datetime,
-)
+from outboxer.ports import DeadLetterFilter
+from outboxer.stores._common import DeadLetterViews, Row
 from outboxer.stores.mysql.connection import MysqlPart, execute, fetch_all, fetch_one
 from outboxer.stores.mysql.relay import micros, text_row
 
@@ -39,36 +32,25 @@ def filter_args(flt: DeadLetterFilter) -> dict[str, Any]:
     }
 
 
-class MysqlDeadLetters(MysqlPart, DeadLetterLookup):
+class MysqlDeadLetters(MysqlPart, DeadLetterViews):
     """The operators' port (:class:`~outboxer.ports.AdminStore`) on MySQL."""
 
-    async def stats(self, *, live_seconds: float = 15.0) -> OutboxStats:
+    async def _stats_rows(self, live_seconds: float) -> tuple[Row, Sequence[Row], Row | None]:
         live = {"live_us": micros(live_seconds)}
         async with self.db.connection() as conn:
             row = await fetch_one(conn, self.q["stats"], live)
             assert row is not None  # a SELECT of expressions always returns a row
             relays = await fetch_all(conn, self.q["live_relays"], live)
             sweep = await fetch_one(conn, self.q["last_sweep"])
-        age = row["oldest_age"]
-        return OutboxStats(
-            pending=int(row["pending"]),
-            in_flight=int(row["in_flight"]),
-            dead_letters=int(row["dead_letters"]),
-            oldest_pending_age_seconds=float(age) if age is not None else None,
-            relays=[_relay(r) for r in relays],
-            last_sweep=sweep_report(sweep) if sweep is not None else None,
-            unowned_in_flight=int(row["unowned"]),
-            scheduled=int(row["scheduled"]),
-        )
+        return row, relays, sweep
 
-    async def list_dead_letters(
-        self, flt: DeadLetterFilter, *, limit: int, cursor: str | None
-    ) -> DeadLetterPage:
-        limit = check_limit(limit)
-        args = {**filter_args(flt), "after": parse_cursor(cursor), "limit": limit + 1}
+    async def _dead_letter_rows(
+        self, flt: DeadLetterFilter, after: int | None, limit: int
+    ) -> list[Row]:
+        args = {**filter_args(flt), "after": after, "limit": limit}
         async with self.db.connection() as conn:
             rows = await fetch_all(conn, self.q["list_dead_letters"], args)
-        return dead_letter_page([text_row(r) for r in rows], limit)
+        return [text_row(r) for r in rows]
 
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         """Publish dead letters go back to the outbox; consume dead letters are re-driven to
@@ -98,14 +80,3 @@ class MysqlDeadLetters(MysqlPart, DeadLetterLookup):
                 seqs = tuple(r["dl_seq"] for r in rows)
                 await execute(conn, self.q["delete_dead_letters"], {"seqs": seqs})
         return [text_row(r)["id"] for r in rows]
-
-
-def _relay(row: Mapping[str, Any]) -> RelayInfo:
-    return RelayInfo(
-        relay_id=row["relay_id"],
-        hostname=row["hostname"],
-        pid=int(row["pid"]),
-        started_at=to_datetime(row["started_at"]),
-        heartbeat_at=to_datetime(row["heartbeat_at"]),
-        in_flight=int(row["in_flight"]),
-    )

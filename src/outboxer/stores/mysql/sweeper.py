@@ -11,8 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from outboxer.ports import SweepReport
-from outboxer.stores._common import purge_inbox, sweep_report
+from outboxer.stores._common import Row, Sweeping
 from outboxer.stores.mysql.connection import (
     MysqlPart,
     execute,
@@ -24,15 +23,15 @@ from outboxer.stores.mysql.relay import micros
 
 __all__ = ["MysqlSweeper"]
 
-log = logging.getLogger("outboxer.store.mysql")
 
-
-class MysqlSweeper(MysqlPart):
+class MysqlSweeper(MysqlPart, Sweeping):
     """The sweeper's port (:class:`~outboxer.ports.SweeperStore`) on MySQL."""
 
-    async def sweep(
+    sweep_log = logging.getLogger("outboxer.store.mysql")
+
+    async def _sweep_outbox(
         self, *, sweeper: str, interval: float, retention_seconds: float, batch_size: int
-    ) -> SweepReport | None:
+    ) -> Row | None:
         lock = self.db.lock_name("sweep")
         async with self.db.connection() as conn:
             args = {"lock": lock, "interval_us": micros(interval)}
@@ -51,18 +50,11 @@ class MysqlSweeper(MysqlPart):
             finally:
                 await release_lock(conn, lock)  # (a pending transaction dies with the pool's
                 # discarding of a connection given back inside one)
-        if row is None:
-            return None
-        await self._sweep_inbox()  # this instance won the sweep: the inbox part follows
-        return sweep_report(row)
+        return row
 
-    async def last_sweep(self) -> SweepReport | None:
+    async def _last_sweep_row(self) -> Row | None:
         async with self.db.connection() as conn:
-            row = await fetch_one(conn, self.q["last_sweep"])
-        return sweep_report(row) if row is not None else None
-
-    async def _sweep_inbox(self) -> None:
-        await purge_inbox(self._purge_inbox_batch, self._forget_dead_failures, log)
+            return await fetch_one(conn, self.q["last_sweep"])
 
     async def _purge_inbox_batch(self, batch: int) -> int:
         async with self.db.connection() as conn:

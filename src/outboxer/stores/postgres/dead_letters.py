@@ -5,47 +5,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from outboxer.ports import DeadLetterFilter, DeadLetterPage, OutboxStats, RelayInfo
-from outboxer.stores._common import (
-    DeadLetterLookup,
-    check_limit,
-    dead_letter_page,
-    parse_cursor,
-    sweep_report,
-)
+from outboxer.ports import DeadLetterFilter
+from outboxer.stores._common import DeadLetterViews, Row
 from outboxer.stores.postgres.connection import PostgresPart
 
 __all__ = ["PostgresDeadLetters"]
 
 
-class PostgresDeadLetters(PostgresPart, DeadLetterLookup):
+class PostgresDeadLetters(PostgresPart, DeadLetterViews):
     """The operators' port (:class:`~outboxer.ports.AdminStore`) on PostgreSQL."""
 
-    async def stats(self, *, live_seconds: float = 15.0) -> OutboxStats:
+    async def _stats_rows(self, live_seconds: float) -> tuple[Row, Sequence[Row], Row | None]:
         async with self.db.connection() as conn:
             row = await conn.fetchrow(self.q["stats"], float(live_seconds))
             assert row is not None  # an aggregate query always returns one row
             relays = await conn.fetch(self.q["live_relays"], float(live_seconds))
             sweep = await conn.fetchrow(self.q["last_sweep"])
-        return OutboxStats(
-            pending=row["pending"],
-            in_flight=row["in_flight"],
-            dead_letters=row["dead_letters"],
-            oldest_pending_age_seconds=row["oldest_age"],
-            relays=[RelayInfo(**dict(r)) for r in relays],
-            last_sweep=sweep_report(sweep) if sweep is not None else None,
-            unowned_in_flight=row["unowned"],
-            scheduled=row["scheduled"],
-        )
+        return row, relays, sweep
 
-    async def list_dead_letters(
-        self, flt: DeadLetterFilter, *, limit: int, cursor: str | None
-    ) -> DeadLetterPage:
-        limit = check_limit(limit)
-        args = (*_filter_args(flt), parse_cursor(cursor), limit + 1)
+    async def _dead_letter_rows(
+        self, flt: DeadLetterFilter, after: int | None, limit: int
+    ) -> list[Row]:
         async with self.db.connection() as conn:
-            rows = list(await conn.fetch(self.q["list_dead_letters"], *args))
-        return dead_letter_page(rows, limit)
+            return list(
+                await conn.fetch(self.q["list_dead_letters"], *_filter_args(flt), after, limit)
+            )
 
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         # Consume dead letters are re-driven to their consumer instead (see docs/inbox.md); both

@@ -8,40 +8,33 @@ from __future__ import annotations
 
 import logging
 
-from outboxer.ports import SweepReport
-from outboxer.stores._common import purge_inbox, sweep_report
+import asyncpg
+
+from outboxer.stores._common import Sweeping
 from outboxer.stores.postgres.connection import PostgresPart
 
 __all__ = ["PostgresSweeper"]
 
-log = logging.getLogger("outboxer.store.postgres")
 
-
-class PostgresSweeper(PostgresPart):
+class PostgresSweeper(PostgresPart, Sweeping):
     """The sweeper's port (:class:`~outboxer.ports.SweeperStore`) on PostgreSQL."""
 
-    async def sweep(
+    sweep_log = logging.getLogger("outboxer.store.postgres")
+
+    async def _sweep_outbox(
         self, *, sweeper: str, interval: float, retention_seconds: float, batch_size: int
-    ) -> SweepReport | None:
+    ) -> asyncpg.Record | None:
         async with self.db.transaction() as conn:
             lock = f"{self.names.channel}:sweep"
             if not await conn.fetchval(self.q["sweep_lock"], lock, float(interval)):
                 return None
-            row = await conn.fetchrow(
+            return await conn.fetchrow(
                 self.q["sweep"], sweeper, float(retention_seconds), batch_size
             )
-        if row is None:
-            return None
-        await self._sweep_inbox()  # this instance won the sweep: the inbox part follows
-        return sweep_report(row)
 
-    async def last_sweep(self) -> SweepReport | None:
+    async def _last_sweep_row(self) -> asyncpg.Record | None:
         async with self.db.connection() as conn:
-            row = await conn.fetchrow(self.q["last_sweep"])
-        return sweep_report(row) if row is not None else None
-
-    async def _sweep_inbox(self) -> None:
-        await purge_inbox(self._purge_inbox_batch, self._forget_dead_failures, log)
+            return await conn.fetchrow(self.q["last_sweep"])
 
     async def _purge_inbox_batch(self, batch: int) -> int:
         async with self.db.connection() as conn:

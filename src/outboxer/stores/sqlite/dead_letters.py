@@ -3,66 +3,39 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from outboxer.ports import DeadLetterFilter, DeadLetterPage, OutboxStats, RelayInfo
-from outboxer.stores._common import (
-    DeadLetterLookup,
-    check_limit,
-    dead_letter_page,
-    parse_cursor,
-    sweep_report,
-    to_datetime,
-)
+from outboxer.ports import DeadLetterFilter
+from outboxer.stores._common import DeadLetterViews, Row
 from outboxer.stores.sqlite.connection import SqlitePart
 
 __all__ = ["SqliteDeadLetters"]
 
 
-class SqliteDeadLetters(SqlitePart, DeadLetterLookup):
+class SqliteDeadLetters(SqlitePart, DeadLetterViews):
     """The operators' port (:class:`~outboxer.ports.AdminStore`) on SQLite."""
 
-    async def stats(self, *, live_seconds: float = 15.0) -> OutboxStats:
+    async def _stats_rows(self, live_seconds: float) -> tuple[Row, Sequence[Row], Row | None]:
         async with self.db.connection() as conn:
             async with conn.execute(self.q["stats"], {"live": live_seconds}) as cur:
                 row = await cur.fetchone()
             async with conn.execute(self.q["live_relays"], {"live": live_seconds}) as cur:
-                relays = await cur.fetchall()
+                relays = list(await cur.fetchall())
             async with conn.execute(self.q["last_sweep"]) as cur:
                 sweep = await cur.fetchone()
         assert row is not None
-        return OutboxStats(
-            pending=row["pending"],
-            in_flight=row["in_flight"],
-            dead_letters=row["dead_letters"],
-            oldest_pending_age_seconds=row["oldest_age"],
-            relays=[
-                RelayInfo(
-                    relay_id=r["relay_id"],
-                    hostname=r["hostname"],
-                    pid=r["pid"],
-                    started_at=to_datetime(r["started_at"]),
-                    heartbeat_at=to_datetime(r["heartbeat_at"]),
-                    in_flight=r["in_flight"],
-                )
-                for r in relays
-            ],
-            last_sweep=sweep_report(sweep) if sweep is not None else None,
-            unowned_in_flight=row["unowned"],
-            scheduled=row["scheduled"],
-        )
+        return row, relays, sweep
 
-    async def list_dead_letters(
-        self, flt: DeadLetterFilter, *, limit: int, cursor: str | None
-    ) -> DeadLetterPage:
-        limit = check_limit(limit)
-        params = {**_filter_params(flt), "after": parse_cursor(cursor), "limit": limit + 1}
+    async def _dead_letter_rows(
+        self, flt: DeadLetterFilter, after: int | None, limit: int
+    ) -> list[Row]:
+        params = {**_filter_params(flt), "after": after, "limit": limit}
         async with (
             self.db.connection() as conn,
             conn.execute(self.q["list_dead_letters"], params) as cur,
         ):
-            rows = list(await cur.fetchall())
-        return dead_letter_page(rows, limit)
+            return list(await cur.fetchall())
 
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         params = _filter_params(flt)

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 
-from outboxer.ports import SweepReport
-from outboxer.stores._common import purge_inbox, sweep_report
+from outboxer.stores._common import Sweeping
 from outboxer.stores.sqlite.connection import SqlitePart
 
 __all__ = ["SqliteSweeper"]
 
-log = logging.getLogger("outboxer.store.sqlite")
 
-
-class SqliteSweeper(SqlitePart):
+class SqliteSweeper(SqlitePart, Sweeping):
     """The sweeper's port (:class:`~outboxer.ports.SweeperStore`) on SQLite."""
 
-    async def sweep(
+    sweep_log = logging.getLogger("outboxer.store.sqlite")
+
+    async def _sweep_outbox(
         self, *, sweeper: str, interval: float, retention_seconds: float, batch_size: int
-    ) -> SweepReport | None:
+    ) -> sqlite3.Row | None:
         # BEGIN IMMEDIATE holds the database's write lock: one sweeper at a time.
         async with self.db.transaction() as conn:
             async with conn.execute(self.q["sweep_due"], {"interval": interval}) as cur:
@@ -31,21 +31,13 @@ class SqliteSweeper(SqlitePart):
             purged = (await conn.execute(self.q["sweep_purge"], purge)).rowcount
             params = {"purged": purged, "sweeper": sweeper, "started": started}
             async with conn.execute(self.q["sweep"], params) as cur:
-                row = await cur.fetchone()
-        if row is None:
-            return None
-        await self._sweep_inbox()  # this instance won the sweep: the inbox part follows
-        return sweep_report(row)
+                return await cur.fetchone()
 
-    async def last_sweep(self) -> SweepReport | None:
+    async def _last_sweep_row(self) -> sqlite3.Row | None:
         async with self.db.connection() as conn, conn.execute(self.q["last_sweep"]) as cur:
-            row = await cur.fetchone()
-        return sweep_report(row) if row is not None else None
+            return await cur.fetchone()
 
-    async def _sweep_inbox(self) -> None:
-        # Each batch is its own short write transaction: writers wait only that long.
-        await purge_inbox(self._purge_inbox_batch, self._forget_dead_failures, log)
-
+    # Each inbox batch is its own short write transaction: writers wait only that long.
     async def _purge_inbox_batch(self, batch: int) -> int:
         async with self.db.transaction() as conn:
             purged: int = (await conn.execute(self.q["inbox_purge"], {"batch": batch})).rowcount
