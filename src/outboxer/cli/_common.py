@@ -10,7 +10,7 @@ import logging
 import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import click
 
@@ -20,6 +20,14 @@ from outboxer.ports import AdminStore, DatabaseStore
 from outboxer.urls import redact
 
 T = TypeVar("T")
+F = TypeVar("F", contravariant=True)
+
+
+class Listing(Protocol[F]):
+    """A store's ``list_…`` method (dead letters, messages)."""
+
+    def __call__(self, flt: F, /, *, limit: int, cursor: str | None) -> Awaitable[Any]: ...
+
 
 EXIT_USAGE = 2  # invalid usage or configuration: bad URL, name or option
 EXIT_FAILURE = 1  # a runtime failure: database unreachable, schema missing, unknown dead letter
@@ -42,6 +50,42 @@ def short(text: str, width: int) -> str:
     """``text`` escaped (see :func:`printable`) and cut to ``width`` characters for a table."""
     text = printable(text)
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def echo_list(
+    values: dict[str, Any],
+    make_filter: Callable[..., F],
+    listing: Callable[[AdminStore], Listing[F]],
+    print_items: Callable[[list[Any]], None],
+) -> None:
+    """A ``list`` command (dead letters, messages): the page ``listing`` reads with the filter
+    of the command's options (``--topic``/``--type``/``--key`` and those the command adds),
+    ``--limit`` and ``--cursor``, printed by :func:`echo_page`.
+
+    Args:
+        values: The command's parsed options, every one of them.
+        make_filter: The filter class, given the filter options by name.
+        listing: The store's method that reads a page.
+        print_items: Prints the human table of a page's items.
+    """
+    url, names = store_options(values)
+    limit, cursor, as_json = values.pop("limit"), values.pop("cursor"), values.pop("as_json")
+    flt = make_filter(type=values.pop("type_"), **values)
+    page = with_store(lambda store: listing(store)(flt, limit=limit, cursor=cursor), url, names)
+    echo_page(page, as_json, print_items)
+
+
+def echo_one(values: dict[str, Any], lookup: Callable[[AdminStore], Awaitable[Any]]) -> None:
+    """A ``show`` command: the item ``lookup`` reads, printed by :func:`echo_fields`."""
+    url, names = store_options(values)
+    echo_fields(with_store(lookup, url, names), values.pop("as_json"))
+
+
+def store_options(values: dict[str, Any]) -> tuple[str, TableNames]:
+    """Take ``--database-url``, ``--schema`` and ``--table`` out of a command's ``values``: the
+    database URL and the outbox's table names."""
+    url: str = values.pop("database_url")
+    return url, TableNames(table=values.pop("table"), schema=values.pop("schema"))
 
 
 def echo_page(page: Any, as_json: bool, print_items: Callable[[list[Any]], None]) -> None:

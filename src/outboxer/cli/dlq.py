@@ -5,20 +5,21 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import click
 
 from outboxer.cli._common import (
     EXIT_USAGE,
-    echo_fields,
-    echo_page,
+    echo_list,
+    echo_one,
     fail,
     printable,
     short,
+    store_options,
     with_store,
 )
 from outboxer.cli.options import database_options, filter_options, json_option, page_options
-from outboxer.config import TableNames
 from outboxer.errors import OutboxerError
 from outboxer.ports import AdminStore, DeadLetter, DeadLetterFilter
 
@@ -45,42 +46,25 @@ def _print_dead_letters(items: list[DeadLetter]) -> None:
 @filter_options
 @page_options
 @json_option
-def dlq_list(
-    database_url: str,
-    schema: str | None,
-    table: str,
-    topic: str | None,
-    type_: str | None,
-    key: str | None,
-    limit: int,
-    cursor: str | None,
-    as_json: bool,
-) -> None:
+def dlq_list(**values: Any) -> None:
     """List dead letters, newest first."""
-    flt = DeadLetterFilter(topic=topic, type=type_, key=key)
-    names = TableNames(table=table, schema=schema)
-    page = with_store(
-        lambda store: store.list_dead_letters(flt, limit=limit, cursor=cursor), database_url, names
-    )
-    echo_page(page, as_json, _print_dead_letters)
+    echo_list(values, DeadLetterFilter, lambda store: store.list_dead_letters, _print_dead_letters)
 
 
 @dlq.command("show")
 @database_options
 @click.argument("dead_letter_id")
 @json_option
-def dlq_show(
-    database_url: str, schema: str | None, table: str, dead_letter_id: str, as_json: bool
-) -> None:
+def dlq_show(dead_letter_id: str, **values: Any) -> None:
     """One dead letter with payload, reason and attempts."""
-    names = TableNames(table=table, schema=schema)
-    dead = with_store(lambda store: store.get_dead_letter(dead_letter_id), database_url, names)
-    echo_fields(dead, as_json)
+    echo_one(values, lambda store: store.get_dead_letter(dead_letter_id))
 
 
-def _bulk_filter(
-    ids: tuple[str, ...], all_: bool, topic: str | None, type_: str | None, key: str | None
-) -> DeadLetterFilter:
+def _bulk_filter(values: dict[str, Any]) -> DeadLetterFilter:
+    """Take the dead-letter IDs, ``--all`` or ``--topic``/``--type``/``--key`` out of a
+    command's ``values``: exactly one of them chooses what is acted on."""
+    ids, all_ = values.pop("ids"), values.pop("all_")
+    topic, type_, key = values.pop("topic"), values.pop("type_"), values.pop("key")
     chosen = bool(ids) + all_ + any(v is not None for v in (topic, type_, key))
     if chosen != 1:
         fail("give dead-letter IDs, or --all, or a filter (--topic/--type/--key)", EXIT_USAGE)
@@ -90,11 +74,12 @@ def _bulk_filter(
 def _bulk(
     verb: str,
     action: Callable[[AdminStore, DeadLetterFilter], Awaitable[list[str]]],
-    database_url: str,
-    names: TableNames,
     flt: DeadLetterFilter,
-    as_json: bool,
+    values: dict[str, Any],
 ) -> None:
+    """Replay or purge what ``flt`` chooses, on the store of the command's ``values``."""
+    database_url, names = store_options(values)
+    as_json: bool = values.pop("as_json")
     progress = not as_json and sys.stderr.isatty()
 
     async def run(store: AdminStore) -> tuple[list[str], set[str]]:
@@ -181,21 +166,10 @@ async def _bulk_in_chunks(
 @click.option("--all", "all_", is_flag=True, help="Every dead letter.")
 @filter_options
 @json_option
-def dlq_replay(
-    database_url: str,
-    schema: str | None,
-    table: str,
-    ids: tuple[str, ...],
-    all_: bool,
-    topic: str | None,
-    type_: str | None,
-    key: str | None,
-    as_json: bool,
-) -> None:
+def dlq_replay(**values: Any) -> None:
     """Move dead letters back to the outbox (same id, attempts reset)."""
-    flt = _bulk_filter(ids, all_, topic, type_, key)
-    names = TableNames(table=table, schema=schema)
-    _bulk("replayed", lambda s, f: s.replay_dead_letters(f), database_url, names, flt, as_json)
+    flt = _bulk_filter(values)
+    _bulk("replayed", lambda s, f: s.replay_dead_letters(f), flt, values)
 
 
 @dlq.command("purge")
@@ -205,21 +179,9 @@ def dlq_replay(
 @filter_options
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
-def dlq_purge(
-    database_url: str,
-    schema: str | None,
-    table: str,
-    ids: tuple[str, ...],
-    all_: bool,
-    topic: str | None,
-    type_: str | None,
-    key: str | None,
-    yes: bool,
-    as_json: bool,
-) -> None:
+def dlq_purge(yes: bool, **values: Any) -> None:
     """Delete dead letters for good."""
-    flt = _bulk_filter(ids, all_, topic, type_, key)
+    flt = _bulk_filter(values)
     if not yes and not click.confirm("Delete the matching dead letters for good?", err=True):
         fail("nothing deleted")
-    names = TableNames(table=table, schema=schema)
-    _bulk("purged", lambda s, f: s.purge_dead_letters(f), database_url, names, flt, as_json)
+    _bulk("purged", lambda s, f: s.purge_dead_letters(f), flt, values)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import get_args
+from typing import Any, get_args
 
 import click
 
-from outboxer.cli._common import echo_fields, echo_page, printable, short, with_store
+from outboxer.cli._common import echo_list, echo_one, printable, short
 from outboxer.cli.options import database_options, filter_options, json_option, page_options
-from outboxer.config import TableNames
 from outboxer.ports import MessageFilter, MessageState, OutboxMessage
 
 
@@ -38,40 +37,20 @@ def _print_messages(items: list[OutboxMessage]) -> None:
 @filter_options
 @page_options
 @json_option
-def messages_list(
-    database_url: str,
-    schema: str | None,
-    table: str,
-    state: MessageState | None,
-    topic: str | None,
-    type_: str | None,
-    key: str | None,
-    limit: int,
-    cursor: str | None,
-    as_json: bool,
-) -> None:
+def messages_list(**values: Any) -> None:
     """List messages not yet published, oldest first (the order relays claim them in).
 
     A state is pending (due, waiting for a relay), scheduled (available later, never tried),
     retrying (a publish failed; see the next attempt and last error), in_flight (leased by the
     relay shown) or held (its key has a publish dead letter).
     """
-    flt = MessageFilter(state=state, topic=topic, type=type_, key=key)
-    names = TableNames(table=table, schema=schema)
-    page = with_store(
-        lambda store: store.list_messages(flt, limit=limit, cursor=cursor), database_url, names
-    )
-    echo_page(page, as_json, _print_messages)
+    echo_list(values, MessageFilter, lambda store: store.list_messages, _print_messages)
 
 
 @messages.command("show")
 @database_options
 @click.argument("message_id")
 @json_option
-def messages_show(
-    database_url: str, schema: str | None, table: str, message_id: str, as_json: bool
-) -> None:
+def messages_show(message_id: str, **values: Any) -> None:
     """One message not yet published, with its payload, state, attempts and last error."""
-    names = TableNames(table=table, schema=schema)
-    message = with_store(lambda store: store.get_message(message_id), database_url, names)
-    echo_fields(message, as_json)
+    echo_one(values, lambda store: store.get_message(message_id))

@@ -49,6 +49,24 @@ def stack(*options: Callable[[F], F]) -> Callable[[F], F]:
     return apply
 
 
+def host_option(option: str, meaning: str) -> Callable[[F], F]:
+    """The interface a server of the command listens on (``serve``, the relay's ``/metrics``):
+    this machine only unless told otherwise."""
+    return env_option(
+        option,
+        default=DEFAULT_HOST,
+        show_default=True,
+        help=f"{meaning} (0.0.0.0 for every interface).",
+    )
+
+
+def port_option(option: str, default: int, meaning: str) -> Callable[[F], F]:
+    """The port a server of the command listens on."""
+    return env_option(
+        option, default=default, show_default=True, type=click.IntRange(0, 65535), help=meaning
+    )
+
+
 #: ``--schema``/``--table``: which outbox (:class:`~outboxer.config.TableNames`).
 names_options = stack(
     env_option(

@@ -13,10 +13,11 @@ import click
 
 from outboxer.cli._common import fail, open_store
 from outboxer.cli.options import (
-    DEFAULT_HOST,
     build_settings,
     database_options,
     env_option,
+    host_option,
+    port_option,
     settings_options,
 )
 from outboxer.config import RelaySettings, TableNames
@@ -31,19 +32,8 @@ from outboxer.config import RelaySettings, TableNames
 )
 @settings_options(RelaySettings)
 @env_option("--webhook-secret", default=None, help="HMAC-SHA256 key of http(s):// webhooks.")
-@env_option(
-    "--metrics-port",
-    default=0,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="Serve Prometheus /metrics of this relay on this port (0: off).",
-)
-@env_option(
-    "--metrics-host",
-    default=DEFAULT_HOST,
-    show_default=True,
-    help="Interface of the /metrics server (0.0.0.0 for every interface).",
-)
+@port_option("--metrics-port", 0, "Serve Prometheus /metrics of this relay on this port (0: off).")
+@host_option("--metrics-host", "Interface of the /metrics server")
 @env_option(
     "--drain",
     is_flag=True,

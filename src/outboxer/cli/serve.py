@@ -10,10 +10,10 @@ import click
 
 from outboxer.cli._common import fail, open_store
 from outboxer.cli.options import (
-    DEFAULT_HOST,
     build_settings,
     database_options,
-    env_option,
+    host_option,
+    port_option,
     settings_options,
 )
 from outboxer.config import AdminSettings, TableNames
@@ -21,19 +21,8 @@ from outboxer.config import AdminSettings, TableNames
 
 @click.command()
 @database_options
-@env_option(
-    "--host",
-    default=DEFAULT_HOST,
-    show_default=True,
-    help="Interface to listen on (0.0.0.0 for every interface).",
-)
-@env_option(
-    "--port",
-    default=8080,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="Port to listen on (0: any free port).",
-)
+@host_option("--host", "Interface to listen on")
+@port_option("--port", 8080, "Port to listen on (0: any free port).")
 @settings_options(AdminSettings)
 def serve(
     database_url: str, schema: str | None, table: str, host: str, port: int, **values: Any
