@@ -10,6 +10,7 @@ import dataclasses
 import datetime as dt
 
 import pytest
+from nats.aio.client import Client as NatsClient
 
 from outboxer.brokers.cloudevents import format_time, parse_time
 from outboxer.brokers.http import wire as http_wire
@@ -96,12 +97,34 @@ def test_rabbitmq(message: Message) -> None:
     _same(decoded, message, whole_seconds=True)  # AMQP timestamps are whole seconds
 
 
+async def _nats_read(block: bytes) -> dict[str, str]:
+    """A header block as nats-py's own reader hands it to a consumer."""
+    headers = await NatsClient()._process_headers(block)  # private: nats-py has no public one
+    assert headers is not None
+    return dict(headers)
+
+
 @pytest.mark.parametrize("message", _messages(), ids=lambda m: m.id)
-def test_nats(message: Message) -> None:
-    headers = nats_wire.headers(message, "billing")
+async def test_nats(message: Message) -> None:
+    block = nats_wire.header_block(message, "billing")
+    assert block.startswith(b"NATS/1.0\r\n")
+    assert block.endswith(b"\r\n\r\n")
+    headers = await _nats_read(block)
+    assert headers == nats_wire.headers(message, "billing")
     assert headers["Nats-Msg-Id"] == message.id
     decoded = nats_wire.decode(subject=message.topic, data=message.payload, headers=headers)
     _same(decoded, message)
+
+
+async def test_nats_header_values_are_trimmed_and_cannot_break_their_line() -> None:
+    message = dataclasses.replace(
+        _messages()[0], headers={"note": "  a\r\nHPUB x 1 1\r\n  ", "tail": "b\n"}
+    )
+    block = nats_wire.header_block(message, "billing")
+    assert b"\r\nnote: a  HPUB x 1 1\r\ntail: b\r\n" in block
+    headers = await _nats_read(block)
+    assert (headers["note"], headers["tail"]) == ("a  HPUB x 1 1", "b")
+    assert headers["ce-id"] == message.id
 
 
 @pytest.mark.parametrize("message", _messages(), ids=lambda m: m.id)

@@ -20,7 +20,7 @@ from outboxer.brokers.cloudevents import (
 )
 from outboxer.message import OCTET_STREAM, Message
 
-__all__ = ["MSG_ID", "RESERVED_HEADERS", "decode", "headers"]
+__all__ = ["MSG_ID", "RESERVED_HEADERS", "decode", "header_block", "headers"]
 
 #: JetStream's deduplication header.
 MSG_ID = "Nats-Msg-Id"
@@ -43,6 +43,27 @@ def headers(message: Message, source: str) -> dict[str, str]:
         encoded[HEADERS.partitionkey] = message.key
     encoded[CONTENT_TYPE] = message.content_type
     return encoded
+
+
+def header_block(message: Message, source: str) -> bytes:
+    """The NATS header block of ``message`` as it goes on the wire (``HPUB``'s header part).
+
+    ``NATS/1.0``, one ``name: value`` line per entry of :func:`headers`, then an empty line.
+    Values are trimmed and CR/LF become spaces, as nats-py does, so that no value can end its
+    line early or inject a protocol command. Names are not checked here: the CloudEvents names
+    are valid tokens, and the publisher refuses a message with an invalid user header name.
+
+    Raises:
+        UnicodeEncodeError: a value is not encodable as UTF-8 (a lone surrogate).
+    """
+    lines = ["NATS/1.0\r\n"]
+    for name, value in headers(message, source).items():
+        value = value.strip()
+        if "\r" in value or "\n" in value:
+            value = value.replace("\r", " ").replace("\n", " ")
+        lines.append(f"{name}: {value}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode()
 
 
 def decode(
