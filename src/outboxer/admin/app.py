@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from importlib import resources
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -63,11 +63,13 @@ from outboxer.errors import (
 )
 from outboxer.ports import (
     AdminStore,
+    DeadLetter,
     DeadLetterFilter,
     DeadLetterPage,
     MessageFilter,
     MessagePage,
     MessageState,
+    OutboxMessage,
     OutboxStats,
 )
 from outboxer.urls import redact
@@ -241,6 +243,8 @@ def _message_filter(
     return MessageFilter(state=state, **text)
 
 
+DeadLetterQuery = Annotated[DeadLetterFilter, Depends(_list_filter)]
+MessageQuery = Annotated[MessageFilter, Depends(_message_filter)]
 IdPath = Path(min_length=1, max_length=MAX_TEXT, description="The message id.")
 
 
@@ -256,48 +260,62 @@ DeadLetterId = Annotated[str, Depends(_dead_letter_id)]
 MessageId = Annotated[str, Depends(_message_id)]
 
 
+class _PageRequest(TypedDict):
+    limit: int
+    cursor: str | None
+
+
+def _page_request(limit: PageLimit = 50, cursor: PageCursor = None) -> _PageRequest:
+    """``limit`` and ``cursor``, the paging both lists share."""
+    return {"limit": limit, "cursor": cursor}
+
+
+# First in a list's parameters: limit and cursor lead its query parameters in the schema.
+PageRequest = Annotated[_PageRequest, Depends(_page_request)]
+
+
 def _page(page: DeadLetterPage | MessagePage) -> dict[str, Any]:
-    return {"items": [encodable(i.to_json()) for i in page.items], "next_cursor": page.next_cursor}
+    return {"items": [_item(i) for i in page.items], "next_cursor": page.next_cursor}
+
+
+def _item(item: DeadLetter | OutboxMessage) -> dict[str, Any]:
+    body: dict[str, Any] = encodable(item.to_json())
+    return body
 
 
 # Every /api/ route declares the bearer scheme for the OpenAPI schema; BearerAuth enforces it.
 api = APIRouter(prefix="/api", dependencies=[Depends(_documented_bearer)])
+dead_letters = APIRouter(prefix="/deadletters", tags=["dead letters"])
+messages = APIRouter(prefix="/messages", tags=["messages"])
 probes = APIRouter(tags=["probes"])
 
 
-@api.get(
-    "/deadletters",
+@dead_letters.get(
+    "",
     response_model=DeadLetterPageOut,
     responses=_ERRORS,
-    tags=["dead letters"],
     summary="List dead letters, newest first",
 )
 async def list_dead_letters(
-    store: StoreDep,
-    flt: Annotated[DeadLetterFilter, Depends(_list_filter)],
-    limit: PageLimit = 50,
-    cursor: PageCursor = None,
+    store: StoreDep, page: PageRequest, flt: DeadLetterQuery
 ) -> dict[str, Any]:
-    return _page(await store.list_dead_letters(flt, limit=limit, cursor=cursor))
+    return _page(await store.list_dead_letters(flt, **page))
 
 
-@api.get(
-    "/deadletters/{dead_letter_id}",
+@dead_letters.get(
+    "/{dead_letter_id}",
     response_model=DeadLetterOut,
     responses={**_ERRORS, 404: _MUTATION_ERRORS[404]},
-    tags=["dead letters"],
     summary="One dead letter with payload, reason and attempts",
 )
 async def get_dead_letter(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str, Any]:
-    item: dict[str, Any] = encodable((await store.get_dead_letter(dead_letter_id)).to_json())
-    return item
+    return _item(await store.get_dead_letter(dead_letter_id))
 
 
-@api.post(
-    "/deadletters/replay",
+@dead_letters.post(
+    "/replay",
     response_model=BulkResult,
     responses=_MUTATION_ERRORS,
-    tags=["dead letters"],
     summary="Replay the dead letters a filter selects",
     description=(
         "Moves them back to the outbox with the same id and attempts reset. Body: "
@@ -307,24 +325,19 @@ async def get_dead_letter(store: StoreDep, dead_letter_id: DeadLetterId) -> dict
 )
 async def replay_many(store: StoreDep, body: DeadLetterFilterBody) -> dict[str, Any]:
     flt = await _bulk_filter(store, body)
-    replayed = await store.replay_dead_letters(flt)
-    log.info("replayed %d dead letter(s): %s", len(replayed), _ids_for_log(replayed))
-    return _bulk_result("replayed", replayed, flt)
+    return _bulk_result("replayed", await store.replay_dead_letters(flt), flt)
 
 
-@api.post(
-    "/deadletters/purge",
+@dead_letters.post(
+    "/purge",
     response_model=BulkResult,
     responses=_MUTATION_ERRORS,
-    tags=["dead letters"],
     summary="Delete the dead letters a filter selects",
     description="The same body and rules as the bulk replay.",
 )
 async def purge_many(store: StoreDep, body: DeadLetterFilterBody) -> dict[str, Any]:
     flt = await _bulk_filter(store, body)
-    purged = await store.purge_dead_letters(flt)
-    log.info("purged %d dead letter(s): %s", len(purged), _ids_for_log(purged))
-    return _bulk_result("purged", purged, flt)
+    return _bulk_result("purged", await store.purge_dead_letters(flt), flt)
 
 
 #: Why a dead letter that exists was not replayed (the stores skip it rather than collide).
@@ -334,11 +347,10 @@ _BACK_IN_THE_OUTBOX = (
 )
 
 
-@api.post(
-    "/deadletters/{dead_letter_id}/replay",
+@dead_letters.post(
+    "/{dead_letter_id}/replay",
     response_model=BulkResult,
     responses={**_MUTATION_ERRORS, 409: {"model": Problem, "description": "Not replayable."}},
-    tags=["dead letters"],
     summary="Replay one dead letter",
 )
 async def replay_one(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str, Any]:
@@ -350,15 +362,13 @@ async def replay_one(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str,
     if not replayed:
         await store.get_dead_letter(dead_letter_id)  # deleted or replayed meanwhile → 404
         raise HTTPException(409, _BACK_IN_THE_OUTBOX)
-    log.info("replayed dead letter %s", dead_letter_id)
     return _bulk_result("replayed", replayed, flt)
 
 
-@api.delete(
-    "/deadletters/{dead_letter_id}",
+@dead_letters.delete(
+    "/{dead_letter_id}",
     response_model=BulkResult,
     responses=_MUTATION_ERRORS,
-    tags=["dead letters"],
     summary="Discard one dead letter",
 )
 async def delete_one(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str, Any]:
@@ -366,15 +376,13 @@ async def delete_one(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str,
     purged = await store.purge_dead_letters(flt)
     if not purged:
         raise NotFound(f"no dead letter with id {dead_letter_id!r}")
-    log.info("purged dead letter %s", dead_letter_id)
     return _bulk_result("purged", purged, flt)
 
 
-@api.get(
-    "/messages",
+@messages.get(
+    "",
     response_model=MessagePageOut,
     responses=_ERRORS,
-    tags=["messages"],
     summary="List messages not yet published, oldest first, with where each one stands",
     description=(
         "state: pending (due, waiting for a relay), scheduled (available later, never tried), "
@@ -382,25 +390,22 @@ async def delete_one(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str,
         "the relay named in relay), held (its key has a publish dead letter)."
     ),
 )
-async def list_messages(
-    store: StoreDep,
-    flt: Annotated[MessageFilter, Depends(_message_filter)],
-    limit: PageLimit = 50,
-    cursor: PageCursor = None,
-) -> dict[str, Any]:
-    return _page(await store.list_messages(flt, limit=limit, cursor=cursor))
+async def list_messages(store: StoreDep, page: PageRequest, flt: MessageQuery) -> dict[str, Any]:
+    return _page(await store.list_messages(flt, **page))
 
 
-@api.get(
-    "/messages/{message_id}",
+@messages.get(
+    "/{message_id}",
     response_model=MessageOut,
     responses={**_ERRORS, 404: {"model": Problem, "description": "Not in the outbox."}},
-    tags=["messages"],
     summary="One message not yet published, with its payload, state and last error",
 )
 async def get_message(store: StoreDep, message_id: MessageId) -> dict[str, Any]:
-    item: dict[str, Any] = encodable((await store.get_message(message_id)).to_json())
-    return item
+    return _item(await store.get_message(message_id))
+
+
+api.include_router(dead_letters)
+api.include_router(messages)
 
 
 @api.get(
@@ -592,12 +597,11 @@ async def _bulk_filter(store: AdminStore, body: DeadLetterFilterBody) -> DeadLet
 
 
 def _bulk_result(verb: str, done: list[str], flt: DeadLetterFilter) -> dict[str, Any]:
+    """The answer of a replay or purge, logged for the audit trail."""
+    shown = ", ".join(done[:20]) + (f" (+{len(done) - 20} more)" if len(done) > 20 else "")
+    log.info("%s %d dead letter(s): %s", verb, len(done), shown)
     missing = sorted(set(flt.ids or ()) - set(done))
     return {verb: done, "count": len(done), "not_found": missing}
-
-
-def _ids_for_log(ids: list[str]) -> str:
-    return ", ".join(ids[:20]) + (f" (+{len(ids) - 20} more)" if len(ids) > 20 else "")
 
 
 async def _read_stats(store: AdminStore, timeout: float) -> tuple[OutboxStats | None, str]:
