@@ -4,8 +4,9 @@
 the scheme registry (:mod:`outboxer.urls`) and import it only then, so the core never imports a
 broker client it does not use. Every broker package has ``publisher_from_url(url)`` and,
 when the broker can be consumed from, ``consumer_from_url(url, *, name, topics, batch_size)``.
-The packages never import each other; what they share (CloudEvents attribute names and time
-format) is in :mod:`outboxer.brokers.cloudevents`.
+The packages never import each other; what they share is in :mod:`outboxer.brokers.cloudevents`
+(CloudEvents attribute names and time format) and :mod:`outboxer.brokers.subscription` (the
+consumer settings' checks and reconnect pause).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outboxer import urls
+from outboxer.brokers.subscription import check_subscription
 from outboxer.errors import ConfigurationError
-from outboxer.inbox.inbox import validate_consumer_name
 from outboxer.urls import Option
 
 __all__ = [
@@ -268,9 +268,7 @@ class KafkaConsumerSettings:
     auto_offset_reset: str = "earliest"
 
     def __post_init__(self) -> None:
-        validate_consumer_name(self.group)
-        if not self.topics:
-            raise ConfigurationError("kafka consumer: at least one topic is required")
+        check_subscription("kafka", self.group, self.topics, "topic")
         if self.auto_offset_reset not in ("earliest", "latest"):
             raise ConfigurationError(
                 f"kafka URL: auto_offset_reset={self.auto_offset_reset!r}: use earliest or latest"

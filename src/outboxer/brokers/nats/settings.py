@@ -8,14 +8,13 @@ consumer. No driver is imported here.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from outboxer import urls
+from outboxer.brokers.subscription import check_subscription, reconnect_backoff
 from outboxer.config import Backoff
 from outboxer.errors import ConfigurationError
-from outboxer.inbox.inbox import validate_consumer_name
 from outboxer.urls import Option
 
 __all__ = ["CONNECTION_OPTIONS", "CONSUMER_OPTIONS", "SPEC", "NatsConsumerSettings", "NatsSettings"]
@@ -130,14 +129,10 @@ class NatsConsumerSettings:
     batch_size: int = 100
     ack_wait: float = 30.0
     max_ack_pending: int = 0
-    reconnect: Backoff = dataclasses.field(
-        default_factory=lambda: Backoff(base=1.0, factor=2.0, cap=30.0)
-    )
+    reconnect: Backoff = field(default_factory=reconnect_backoff)
 
     def __post_init__(self) -> None:
-        validate_consumer_name(self.name)
-        if not self.topics:
-            raise ConfigurationError("NATS consumer: at least one subject is required")
+        check_subscription("NATS", self.name, self.topics, "subject")
         if self.ack_wait <= 0 or self.max_ack_pending < 0:
             raise ConfigurationError("NATS URL: ack_wait must be positive, max_ack_pending >= 0")
 

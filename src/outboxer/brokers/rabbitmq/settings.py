@@ -19,9 +19,9 @@ from urllib.parse import quote
 import pika  # type: ignore[import-untyped]
 
 from outboxer import urls
+from outboxer.brokers.subscription import check_subscription, reconnect_backoff
 from outboxer.config import Backoff
 from outboxer.errors import ConfigurationError
-from outboxer.inbox.inbox import validate_consumer_name
 from outboxer.urls import Option
 
 __all__ = [
@@ -198,14 +198,10 @@ class RabbitMQConsumerSettings:
     batch_size: int = 100
     prefetch: int = 0
     queue_type: str = "classic"
-    reconnect: Backoff = dataclasses.field(
-        default_factory=lambda: Backoff(base=1.0, factor=2.0, cap=30.0)
-    )
+    reconnect: Backoff = field(default_factory=reconnect_backoff)
 
     def __post_init__(self) -> None:
-        validate_consumer_name(self.queue)
-        if not self.topics:
-            raise ConfigurationError("RabbitMQ consumer: at least one topic is required")
+        check_subscription("RabbitMQ", self.queue, self.topics, "topic")
         if self.prefetch < 0 or self.prefetch > 65535:
             raise ConfigurationError(f"RabbitMQ URL: prefetch={self.prefetch} must be 0 to 65535")
         if self.queue_type not in ("classic", "quorum"):

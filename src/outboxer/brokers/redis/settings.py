@@ -7,16 +7,15 @@ and TLS are shared; ``maxlen`` and ``max_connections`` only concern the publishe
 
 from __future__ import annotations
 
-import dataclasses
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from outboxer import urls
+from outboxer.brokers.subscription import check_subscription, reconnect_backoff
 from outboxer.config import Backoff
 from outboxer.errors import ConfigurationError
-from outboxer.inbox.inbox import validate_consumer_name
 from outboxer.urls import Option
 
 __all__ = [
@@ -198,14 +197,10 @@ class RedisConsumerSettings:
     batch_size: int = 100
     claim_idle: float = 30.0
     block: float = 1.0
-    reconnect: Backoff = dataclasses.field(
-        default_factory=lambda: Backoff(base=1.0, factor=2.0, cap=30.0)
-    )
+    reconnect: Backoff = field(default_factory=reconnect_backoff)
 
     def __post_init__(self) -> None:
-        validate_consumer_name(self.group)
-        if not self.topics:
-            raise ConfigurationError("Redis consumer: at least one stream is required")
+        check_subscription("Redis", self.group, self.topics, "stream")
         if self.claim_idle <= 0:
             raise ConfigurationError("redis URL: claim_idle must be a positive number of seconds")
         if not 0 < self.block < self.connection.socket_timeout:
