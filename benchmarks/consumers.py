@@ -5,19 +5,21 @@ keys, published beforehand through outboxer's publisher of that broker):
 
 - **without inbox**: the broker consumer adapter hands each batch straight to the handler
   (decoded through the registry, no database): the adapter's and the broker's ceiling;
-- **with inbox**: the same adapter feeding an :class:`~outboxer.inbox.Inbox` on PostgreSQL
-  (synchronous commit), ``concurrency`` chunks of a batch (different keys) at once,
-  acknowledgement after commit; once with the default one transaction per message (inbox
-  row + savepoint around the handler: five round trips), once with ``batch_transactions``
-  (one transaction per chunk: two round trips per message).
+- **inbox**: the same adapter feeding an :class:`~outboxer.inbox.Inbox` on PostgreSQL
+  (synchronous commit) with its defaults: ``concurrency`` chunks of a batch (different keys)
+  at once, one transaction per chunk (one round trip records the chunk's inbox rows, one
+  commits), acknowledgement after commit. Twice: with a handler that takes the context (it
+  could write through ``ctx.connection``, so it runs in a savepoint: one round trip per
+  message) and with one that does not (no savepoint, no round trip per message);
+- **inbox, transaction per message** (``--transaction-per-message``).
 
-The handler does nothing, so the figures show what the inbox costs, not what a handler costs.
+The handlers do nothing, so the figures show what the inbox costs, not what a handler costs.
 Timed from the first delivered batch to the last stored one (group joins and connects are not
-counted). Reported: msg/s each way and with / without.
+counted). Reported: msg/s each way and inbox / without.
 
-Measured on the 2-core development VM (PostgreSQL, brokers and the consumer on the same
-machine): a PostgreSQL round trip costs ~85 us there, so the per-message transaction (five round
-trips) is bounded by the database latency, not by the brokers.
+The script runs against whatever ``outboxer`` is on the path, so the same file measures an
+older tree too (``PYTHONPATH=<old tree>/src:. python -m benchmarks.consumers``): run old and new
+alternately and compare the ratios, never absolute figures of different runs.
 
 Run: ``.venv/bin/python -m benchmarks.consumers [kafka rabbitmq nats redis]``
 """
@@ -33,6 +35,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+import outboxer
 from benchmarks.common import PAYLOAD, PG_URL, fresh_schema, save
 from outboxer.brokers import consumer_from_url, publisher_from_url
 from outboxer.config import TableNames
@@ -47,11 +50,17 @@ BATCH = 100
 CONCURRENCY = 8
 ROUNDS = 2  # best of
 
-registry = HandlerRegistry()
+registry = HandlerRegistry()  # a handler that could write through ctx.connection
+plain_registry = HandlerRegistry()  # one that cannot (no context)
 
 
 @registry.handler("OrderCreated")
 async def on_order(order: dict[str, Any], ctx: HandlerContext) -> None:
+    return None
+
+
+@plain_registry.handler("OrderCreated")
+async def on_order_plain(order: dict[str, Any]) -> None:
     return None
 
 
@@ -210,27 +219,34 @@ async def without_inbox(batch: Sequence[Message]) -> None:
             await registry.call(handler, message, context)
 
 
-MODES = ("without", "per_message", "per_batch")
+#: mode → (registry, one transaction per chunk); ``None``: without inbox.
+MODES: dict[str, tuple[HandlerRegistry, bool] | None] = {
+    "without": None,
+    "inbox": (registry, True),
+    "inbox_no_context": (plain_registry, True),
+    "inbox_per_message": (registry, False),
+}
 
 
 async def one_round(broker: Broker, inbox_store: PostgresStore) -> dict[str, float]:
     rates = {}
-    for mode in MODES:
+    for mode, inbox_mode in MODES.items():
         name = f"bench_{uuid.uuid4().hex[:10]}"
         topic = f"bench-{uuid.uuid4().hex[:10]}"
         await broker.prepare(topic, name)
         await publish(broker, messages(topic))
         try:
-            if mode == "without":
+            if inbox_mode is None:
                 rates[mode] = await timed_consume(broker, topic, name, without_inbox)
             else:
+                handlers, batch_transactions = inbox_mode
                 settings = InboxSettings(
                     consumer=name,
                     concurrency=CONCURRENCY,
-                    batch_transactions=mode == "per_batch",
+                    batch_transactions=batch_transactions,
                     sweep_interval=0,
                 )
-                inbox = Inbox(inbox_store, registry, settings)
+                inbox = Inbox(inbox_store, handlers, settings)
                 rates[mode] = await timed_consume(broker, topic, name, inbox.receive_batch)
         finally:
             await broker.cleanup(topic, name)
@@ -239,6 +255,7 @@ async def one_round(broker: Broker, inbox_store: PostgresStore) -> dict[str, flo
 
 async def main(names: list[str]) -> list[dict[str, Any]]:
     logging.basicConfig(level=logging.WARNING)
+    print(f"outboxer from {outboxer.__file__}", flush=True)
     rows = []
     async with (
         fresh_schema(f"bench_consumers_{uuid.uuid4().hex[:6]}") as schema,
@@ -253,14 +270,10 @@ async def main(names: list[str]) -> list[dict[str, Any]]:
                 for _ in range(ROUNDS):
                     rates = await one_round(broker, store)
                     best = {mode: max(best[mode], rates[mode]) for mode in MODES}
-                row = {
-                    "broker": name,
-                    "without_inbox": round(best["without"]),
-                    "inbox_per_message": round(best["per_message"]),
-                    "inbox_per_batch": round(best["per_batch"]),
-                    "per_message_over_without": round(best["per_message"] / best["without"], 2),
-                    "per_batch_over_without": round(best["per_batch"] / best["without"], 2),
-                }
+                row: dict[str, Any] = {"broker": name, "without_inbox": round(best["without"])}
+                for mode in list(MODES)[1:]:
+                    row[mode] = round(best[mode])
+                    row[f"{mode}_over_without"] = round(best[mode] / best["without"], 2)
                 print(row, flush=True)
                 rows.append(row)
     save(

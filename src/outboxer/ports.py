@@ -643,50 +643,47 @@ class InboxTransaction(Protocol):
 
     The consume state machine (:mod:`outboxer.inbox.consume`) is written once against these
     primitives; a store supplies only their statements. Every method runs in the transaction
-    the session opened, so the handler's writes and the inbox rows commit together.
+    the session opened, so the handler's writes and the inbox rows commit together. A first
+    delivery of a batch costs one round trip for all its inbox rows (:meth:`receive`), one
+    savepoint round trip per message whose handler may write, and the commit.
     """
 
     async def receive(
         self, consumer: str, messages: Sequence[Message], retention: float
     ) -> list[InboxReceipt]:
-        """Record (consumer, id) of each message unless it is there already; rows of messages
-        that are not blocked expire after ``retention`` seconds. One receipt per message.
+        """Record (consumer, id) of each message unless it is there already, in one round trip;
+        rows of messages that are not blocked expire after ``retention`` seconds. The ids are
+        distinct (the core drops repeats within a batch). One receipt per message, in order.
 
-        Takes a sequence so that a store may deduplicate a whole delivery batch in one round
-        trip; today the core passes one message at a time."""
+        A concurrent transaction holding a row of the batch (another instance consuming the
+        same message) makes this one wait for its outcome, so duplicates never run side by
+        side; the rows are inserted in id order so that two overlapping batches cannot
+        deadlock on them."""
         ...
 
     async def run_handler(
-        self, handler: InboxHandler, message: Message, attempt: int
+        self, handler: InboxHandler, message: Message, attempt: int, *, isolated: bool
     ) -> Exception | None:
-        """Run ``handler`` on this transaction's connection; return its exception after undoing
-        its writes (a savepoint), or ``None``. A handler that left the transaction unusable
-        (it swallowed a database error) counts as failed."""
-        ...
+        """Run ``handler`` on this transaction's connection; return its exception, or ``None``.
 
-    async def keep_inbox_row(
-        self, consumer: str, message_id: str, expires_in: float | None
-    ) -> bool:
-        """After a failed first attempt: make sure (consumer, id) stays recorded, for
-        ``expires_in`` seconds or, with ``None``, until a pending retry ends. ``False`` when
-        the row turned out to come from another delivery that handled the message meanwhile
-        (then nothing else is recorded: the outcome is ``duplicate``)."""
+        ``isolated``: the handler may write through the connection, so it runs in a savepoint:
+        a failure undoes its writes (and nothing else), and a handler that left the
+        transaction unusable (it swallowed a database error) counts as failed. Without it the
+        handler cannot reach the transaction (it takes no context), and no round trip is
+        spent."""
         ...
 
     async def record_failure(
         self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
     ) -> None:
         """Store a failed (or, with ``attempts`` 0, a waiting) first delivery with the whole
-        message: ``retrying`` after ``failure.retry_in`` seconds, or ``dead``."""
+        message: ``retrying`` after ``failure.retry_in`` seconds, or ``dead``. While it is
+        retrying the message's inbox row does not expire (the pair must outlive the failure);
+        a dead one keeps the expiry :meth:`receive` gave it."""
         ...
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
         """Add (or, when another consumer gave up too, update) the consume dead letter."""
-        ...
-
-    async def end_message(self) -> None:
-        """One message's part of the transaction is done (a store that runs a batch in one
-        transaction closes that message's savepoint here)."""
         ...
 
     async def lock_failure(self, consumer: str, message_id: str) -> PendingFailure | None:
@@ -713,12 +710,9 @@ class InboxSession(Protocol):
     is processed; its transactions run one after the other."""
 
     def transaction(self) -> AbstractAsyncContextManager[InboxTransaction]:
-        """A transaction for one message (its handler runs in a savepoint)."""
-        ...
-
-    def batch_transaction(self) -> AbstractAsyncContextManager[InboxTransaction]:
-        """One transaction for many messages; a failing handler undoes only its own message
-        (see ``InboxSettings.batch_transactions``)."""
+        """A transaction for a batch of first deliveries (each handler in its own savepoint,
+        see :meth:`InboxTransaction.run_handler`) or for one re-drive; committed when the
+        block ends, rolled back when it raises."""
         ...
 
     async def due_failures(self, consumer: str, limit: int) -> list[str]:

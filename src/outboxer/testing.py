@@ -516,8 +516,6 @@ class _InboxSession:
     async def transaction(self) -> AsyncIterator[_InboxSession]:
         yield self
 
-    batch_transaction = transaction
-
     async def due_failures(self, consumer: str, limit: int) -> list[str]:
         return [f.message.id for f in self._inbox.due(consumer, self._clock())[:limit]]
 
@@ -539,7 +537,7 @@ class _InboxSession:
         return receipts
 
     async def run_handler(
-        self, handler: InboxHandler, message: Message, attempt: int
+        self, handler: InboxHandler, message: Message, attempt: int, *, isolated: bool
     ) -> Exception | None:
         try:
             await handler(message, None, attempt)
@@ -547,23 +545,15 @@ class _InboxSession:
             return exc
         return None
 
-    async def keep_inbox_row(
-        self, consumer: str, message_id: str, expires_in: float | None
-    ) -> bool:
-        if expires_in is None:
-            self._inbox.rows[(consumer, message_id)] = None
-        return True
-
     async def record_failure(
         self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
     ) -> None:
+        if failure.retry_in is not None:  # the inbox row outlives a pending failure
+            self._inbox.rows[(consumer, message.id)] = None
         self._inbox.add_failure(consumer, message, attempts, failure)
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
         self._dead_letter(message, attempts, failure_reason(reason))
-
-    async def end_message(self) -> None:
-        return None
 
     async def lock_failure(self, consumer: str, message_id: str) -> PendingFailure | None:
         pair = (consumer, message_id)

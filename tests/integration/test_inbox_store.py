@@ -303,6 +303,34 @@ class InboxStoreContract:
         if self.transactional:
             assert sorted(await effects.read()) == ["c:m-1", "c:m-4"]
 
+    async def test_a_failure_undoes_neither_an_earlier_success_nor_a_waiting_record(
+        self, store: InboxStore, effects: Effects
+    ) -> None:
+        """In one batch transaction: m-2's success leaves the next savepoint open, m-3 is
+        recorded as waiting behind m-1 after it, then m-4 fails: rolling m-4 back must undo
+        m-4 alone, or m-3 would be acknowledged with no failure row and never run."""
+        judge = retry_after(0.05)
+        handler = effects.handler(fail=lambda m, attempt: m.id in ("m-1", "m-4") and attempt == 1)
+        assert (
+            await one(
+                store, "c", message(1, key="a"), handler, on_failure=judge, retention_seconds=60
+            )
+            == "retrying"
+        )
+        batch = [message(2, key="b"), message(3, key="a"), message(4, key="c")]
+        outcomes = await store.consume("c", batch, handler, on_failure=judge, retention_seconds=60)
+        assert outcomes == ["handled", "waiting", "retrying"]
+
+        async def drained() -> bool:
+            await store.redrive_consume_failures(
+                "c", handler, on_failure=judge, retention_seconds=60, limit=10
+            )
+            return ("m-3", 1) in effects.calls and ("m-4", 2) in effects.calls
+
+        await wait_until(drained)
+        if self.transactional:
+            assert sorted(await effects.read()) == ["c:m-1", "c:m-2", "c:m-3", "c:m-4"]
+
     async def test_the_sweep_counts_consume_retries_and_failures_and_purges_the_inbox(
         self, store: Any, effects: Effects
     ) -> None:

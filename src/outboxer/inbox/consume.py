@@ -2,25 +2,32 @@
 
 What becomes of a delivery (duplicate, handled, waiting behind its key, retrying, dead) and of
 a re-drive is decided here, against the SQL primitives of
-:class:`~outboxer.ports.InboxTransaction`; PostgreSQL, SQLite and the in-memory fake supply
-only those primitives. This module imports no driver.
+:class:`~outboxer.ports.InboxTransaction`; PostgreSQL, SQLite, MySQL and the in-memory fake
+supply only those primitives. This module imports no driver.
 
-A first delivery, in its transaction::
+A batch of first deliveries, in one transaction::
 
-    receive ─ duplicate ────────────────────────────────────────────────▶ duplicate
-       │ fresh, blocked ─ record_failure(attempts 0) ───────────────────▶ waiting
-       │ fresh ─ run_handler ─ ok ──────────────────────────────────────▶ handled
-       │                     └ error ─ keep_inbox_row ─ no ─────────────▶ duplicate
-       │                                   └ record_failure ─ retry ────▶ retrying
-       │                                                    └ dead_letter ▶ dead
+    receive(batch) ── one round trip records every (consumer, id) or finds it there
+    for each message, in batch order:
+       ├ repeated in the batch, or not fresh ─────────────────────────────▶ duplicate
+       ├ blocked (key failing, before or earlier in the batch) ─ record_failure(0) ▶ waiting
+       └ run_handler (in a savepoint when it may write) ─ ok ─────────────▶ handled
+                                                        └ error ─ record_failure ─ retry ▶ retrying
+                                                                               └ dead_letter ▶ dead
+    commit; only then are the outcomes returned (and the broker acknowledged by the caller)
+
+A failing handler is rolled back to its own savepoint: the other messages of the batch keep
+their effects and their outcomes, and nothing is redelivered. A crash before the commit loses
+the whole transaction, so the broker delivers the batch again and it is consumed afresh; a
+crash after the commit but before the acknowledgement makes the redelivery duplicates.
 
 A re-drive takes one due failure (``lock_failure``), runs the handler again with the next
-attempt number, and forgets the failure, updates it, or gives up on it.
+attempt number, and forgets the failure, updates it, or gives up on it; one transaction each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from outboxer.message import Message
 from outboxer.ports import (
@@ -35,6 +42,10 @@ from outboxer.ports import (
 __all__ = ["consume", "redrive_consume_failures"]
 
 
+def _always(message: Message) -> bool:
+    return True
+
+
 async def consume(
     store: InboxStore,
     consumer: str,
@@ -43,16 +54,21 @@ async def consume(
     *,
     on_failure: FailurePolicy,
     retention_seconds: float,
-    single_transaction: bool = False,
+    single_transaction: bool = True,
+    may_write: Callable[[Message], bool] = _always,
 ) -> list[ConsumeOutcome]:
     """Run ``handler`` for messages delivered by the broker, at most once per consumer.
 
-    One transaction per message, in the given order (the caller passes messages of one key in
-    delivery order), or with ``single_transaction`` one for all of them (fewer round trips;
-    each message still has a savepoint, so a failing handler undoes only its own writes), all
-    on one connection that the handler gets. Returns one outcome per message once all are
+    All messages in one transaction (``single_transaction``, the default: one round trip
+    records the whole batch in the inbox, one commits it), or one transaction each; either
+    way in the given order (the caller passes the messages of one key in delivery order), on
+    one connection that the handler gets. Returns one outcome per message once all are
     committed, so the caller may then acknowledge them to the broker. A handler exception is
     not raised: it is recorded (``retrying``/``dead``).
+
+    Args:
+        may_write: Whether the handler of a message may write through the connection (it
+            takes the context); only those run in a savepoint, the others cost no round trip.
 
     Raises:
         StoreError: the database failed; the outcomes of some messages may be committed, the
@@ -60,43 +76,50 @@ async def consume(
             are duplicates then).
     """
     retention = float(retention_seconds)
+    batches = [messages] if single_transaction else [[message] for message in messages]
+    outcomes: list[ConsumeOutcome] = []
     async with store.inbox_session() as session:
-        if single_transaction:
-            async with session.batch_transaction() as tx:
-                return [
-                    await _deliver(tx, consumer, message, handler, on_failure, retention)
-                    for message in messages
-                ]
-        outcomes: list[ConsumeOutcome] = []
-        for message in messages:
+        for batch in batches:
             async with session.transaction() as tx:
-                outcomes.append(
-                    await _deliver(tx, consumer, message, handler, on_failure, retention)
+                outcomes += await _deliver(
+                    tx, consumer, batch, handler, on_failure, retention, may_write
                 )
-        return outcomes
+    return outcomes
 
 
 async def _deliver(
     tx: InboxTransaction,
     consumer: str,
-    message: Message,
+    messages: Sequence[Message],
     handler: InboxHandler,
     on_failure: FailurePolicy,
     retention: float,
-) -> ConsumeOutcome:
-    """One first delivery, in the caller's transaction."""
-    [receipt] = await tx.receive(consumer, [message], retention)
-    if not receipt.fresh:
-        return "duplicate"
-    if receipt.blocked:
-        # A failure blocks its own key: this message is stored and re-driven after it.
-        reason = f"waiting behind an earlier failed message of key {message.key!r}"
-        await tx.record_failure(consumer, message, 0, ConsumeFailure(reason, 0.0))
-        outcome: ConsumeOutcome = "waiting"
-    else:
-        outcome = await _first_attempt(tx, consumer, message, handler, on_failure, retention)
-    await tx.end_message()
-    return outcome
+    may_write: Callable[[Message], bool],
+) -> list[ConsumeOutcome]:
+    """First deliveries, in the caller's transaction."""
+    first: dict[str, Message] = {}
+    for message in messages:
+        first.setdefault(message.id, message)  # a repeat within the batch is a duplicate
+    received = await tx.receive(consumer, list(first.values()), retention)
+    receipts = dict(zip(first, received, strict=True))
+    failing_keys: set[str] = set()  # keys that got a failure in this batch
+    outcomes: list[ConsumeOutcome] = []
+    for message in messages:
+        receipt = receipts.pop(message.id, None)
+        if receipt is None or not receipt.fresh:
+            outcomes.append("duplicate")
+            continue
+        if receipt.blocked or message.key in failing_keys:
+            # A failure blocks its own key: this message is stored and re-driven after it.
+            reason = f"waiting behind an earlier failed message of key {message.key!r}"
+            await tx.record_failure(consumer, message, 0, ConsumeFailure(reason, 0.0))
+            outcome: ConsumeOutcome = "waiting"
+        else:
+            outcome = await _first_attempt(tx, consumer, message, handler, on_failure, may_write)
+        if outcome in ("waiting", "retrying") and message.key is not None:
+            failing_keys.add(message.key)
+        outcomes.append(outcome)
+    return outcomes
 
 
 async def _first_attempt(
@@ -105,16 +128,12 @@ async def _first_attempt(
     message: Message,
     handler: InboxHandler,
     on_failure: FailurePolicy,
-    retention: float,
+    may_write: Callable[[Message], bool],
 ) -> ConsumeOutcome:
-    error = await tx.run_handler(handler, message, 1)
+    error = await tx.run_handler(handler, message, 1, isolated=may_write(message))
     if error is None:
         return "handled"
     failure = on_failure(message, 1, error)
-    # While a retry is pending the inbox row never expires: the pair must outlive the failure.
-    expires_in = None if failure.retry_in is not None else retention
-    if not await tx.keep_inbox_row(consumer, message.id, expires_in):
-        return "duplicate"
     await tx.record_failure(consumer, message, 1, failure)
     if failure.retry_in is None:
         await tx.dead_letter(message, 1, failure.reason)
@@ -130,6 +149,7 @@ async def redrive_consume_failures(
     on_failure: FailurePolicy,
     retention_seconds: float,
     limit: int,
+    may_write: Callable[[Message], bool] = _always,
 ) -> list[ConsumeOutcome]:
     """Run ``handler`` again for up to ``limit`` failed consumptions that are due, oldest
     first, only the earliest waiting message of each key; one transaction each."""
@@ -138,7 +158,9 @@ async def redrive_consume_failures(
     async with store.inbox_session() as session:
         for message_id in await session.due_failures(consumer, limit):
             async with session.transaction() as tx:
-                outcome = await _redrive(tx, consumer, message_id, handler, on_failure, retention)
+                outcome = await _redrive(
+                    tx, consumer, message_id, handler, on_failure, retention, may_write
+                )
             if outcome is not None:
                 outcomes.append(outcome)
         attempts = sum(outcome != "duplicate" for outcome in outcomes)
@@ -154,6 +176,7 @@ async def _redrive(
     handler: InboxHandler,
     on_failure: FailurePolicy,
     retention: float,
+    may_write: Callable[[Message], bool],
 ) -> ConsumeOutcome | None:
     # The lock is the re-drive's ownership: held until this transaction ends.
     pending = await tx.lock_failure(consumer, message_id)
@@ -163,7 +186,7 @@ async def _redrive(
         await tx.delete_failure(pending.seq)
         return "duplicate"
     message, attempt = pending.message, pending.attempts + 1
-    error = await tx.run_handler(handler, message, attempt)
+    error = await tx.run_handler(handler, message, attempt, isolated=may_write(message))
     if error is None:
         await tx.delete_failure(pending.seq)
         await tx.set_done(consumer, message_id, retention)

@@ -104,11 +104,14 @@ class InboxSettings:
         redrive_batch_size: Failed consumptions re-driven per round.
         outage: Pause between attempts to store a delivery while the database is down.
         batch_transactions: Commit the messages of a chunk (the part of a batch one
-            connection handles, see :meth:`Inbox.receive_batch`) in one transaction instead of
-            one each: two database round trips per message instead of five (about 2-3 times
-            the throughput on PostgreSQL), but a crash before the commit repeats the external
-            side effects (e-mails, HTTP calls) of every handler of the chunk that had run, not
-            just of the message in progress. Database effects stay exactly-once either way.
+            connection handles, see :meth:`Inbox.receive_batch`) in one transaction (the
+            default): one round trip records the whole chunk in the inbox, one commits it, and
+            a handler that takes the context (so may write) runs in a savepoint, one round trip
+            more. ``False`` commits each message on its own (``--transaction-per-message``):
+            a crash before a commit then repeats the external side effects (e-mails, HTTP
+            calls) of the message in progress only, not of every handler of the chunk that
+            had run, at the cost of a transaction per message. Database effects are
+            exactly-once either way.
         sweep_interval: How often this consumer offers to run the sweep (one instance of all
             relays and consumers runs it, see ``SweeperStore.sweep``); 0 disables.
         sweep_batch_size: Dead letters purged per sweep (the sweep's ``batch_size``).
@@ -166,10 +169,11 @@ class InboxSettings:
         env="OUTBOXER_CONSUME_OUTAGE",
     )
     batch_transactions: bool = setting(
-        False,
-        help="One inbox transaction per batch chunk instead of per message: 2-3x the "
-        "throughput, but a crash repeats the external side effects of the whole chunk (see "
-        "docs/inbox.md).",
+        True,
+        help="One inbox transaction per message instead of per batch chunk: a crash then "
+        "repeats the external side effects of one message only; slower (see docs/inbox.md).",
+        option="--transaction-per-message",
+        negate=True,
     )
     sweep_interval: float = duration(
         60.0,
@@ -253,8 +257,9 @@ class Inbox:
 
         Messages of one key run one after the other in batch order; different keys (and
         unkeyed messages) run concurrently: the batch's keys are split into up to
-        ``concurrency`` chunks, each processed on one database connection, one transaction per
-        message. While the database is down a chunk is retried in place with the outage
+        ``concurrency`` chunks, each processed on one database connection in one transaction
+        (or one per message, see ``InboxSettings.batch_transactions``). While the database is
+        down a chunk is retried in place with the outage
         backoff (messages it had committed come back as duplicates).
 
         Raises:
@@ -311,6 +316,7 @@ class Inbox:
                 on_failure=self._judge,
                 retention_seconds=self.settings.retention,
                 single_transaction=self.settings.batch_transactions,
+                may_write=self.registry.wants_context,
             )
         results = iter(stored)
         outcomes: list[DeliveryOutcome] = []
@@ -406,6 +412,7 @@ class Inbox:
             on_failure=self._judge,
             retention_seconds=self.settings.retention,
             limit=self.settings.redrive_batch_size,
+            may_write=self.registry.wants_context,
         )
         for outcome in outcomes:
             self.counters.redriven += 1

@@ -294,14 +294,23 @@ class HandlerRegistry:
         Raises:
             UndecodablePayload: the payload does not fit the annotated type.
         """
-        signature = self._signatures.get(id(handler))
-        if signature is None:  # added to the lists behind register()'s back
-            signature = _signature(handler)[0]
-            self._signatures[id(handler)] = signature
+        signature = self._signature(handler)
         payload = signature.decode(message)
         if signature.wants_context:
             return handler(payload, context)
         return handler(payload)
+
+    def wants_context(self, message: Message) -> bool:
+        """Whether a handler of ``message`` takes the context, and so may write through
+        ``ctx.connection`` (the inbox runs only those in a savepoint)."""
+        return any(self._signature(h).wants_context for h in self.handlers_for(message))
+
+    def _signature(self, handler: Handler) -> _Signature:
+        signature = self._signatures.get(id(handler))
+        if signature is None:  # added to the lists behind register()'s back
+            signature = _signature(handler)[0]
+            self._signatures[id(handler)] = signature
+        return signature
 
     @staticmethod
     def is_async(function: Handler) -> bool:

@@ -1,14 +1,16 @@
 """What the SQL stores share: row mapping, cursors, filters, pages, the lifecycle, the inbox
-purge loop. Nothing here talks to a driver."""
+session skeleton and purge loop. Nothing here talks to a driver."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, Self, TypeVar
 
 from outboxer.errors import ConfigurationError, NotFound, SchemaError, StoreError
 from outboxer.message import Message
@@ -17,6 +19,7 @@ from outboxer.ports import (
     DeadLetter,
     DeadLetterFilter,
     DeadLetterPage,
+    InboxHandler,
     MessageFilter,
     MessagePage,
     OutboxMessage,
@@ -396,3 +399,93 @@ class Sweeping:
     async def last_sweep(self) -> SweepReport | None:
         row = await self._last_sweep_row()
         return sweep_report(row) if row is not None else None
+
+
+#: The one savepoint name of the inbox: a handler runs inside it (see ``SqlInboxSession``).
+_SAVEPOINT = "outboxer_handler"
+
+
+class SqlInboxSession(abc.ABC):
+    """The inbox session of an SQL store (:class:`~outboxer.ports.InboxSession`), which is
+    also the transaction it opens (:class:`~outboxer.ports.InboxTransaction`): one held
+    connection, the transaction and the handler's savepoint written once here. A store adds
+    its statements (``receive``, ``record_failure``, ...) and three driver calls; its
+    statements go through :meth:`execute` and :meth:`fetch`.
+
+    Savepoints cost a round trip each, so they are spent only on handlers that may write
+    (``isolated``) and shared: after a handler succeeds, its savepoint is released and the
+    next one opened in one round trip (``RELEASE`` also fails if the handler left the
+    transaction aborted, which PostgreSQL would otherwise answer at ``COMMIT`` with a silent
+    ``ROLLBACK``). That open savepoint is used by the next isolated handler only if no
+    statement ran since, because rolling back to it must undo that handler's writes alone.
+    """
+
+    def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:
+        self.connection = connection
+        self.q = queries
+        self._savepoint_clean = False  # open, and nothing written since it was opened
+
+    # -- the driver, per store ------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _begin(self) -> contextlib.AbstractAsyncContextManager[object]:
+        """Open a transaction on the connection; commit at the end, roll back on an error."""
+
+    @abc.abstractmethod
+    async def _run(self, sql: str, args: Any) -> None:
+        """Run ``sql`` (several ``;``-separated statements when ``args`` is ``None``) in one
+        round trip."""
+
+    @abc.abstractmethod
+    async def _rows(self, sql: str, args: Any) -> Sequence[Row]:
+        """Run ``sql`` and return the rows of its (last) result."""
+
+    # -- what the store's statements go through -------------------------------------------
+
+    async def execute(self, sql: str, args: Any) -> None:
+        self._savepoint_clean = False
+        await self._run(sql, args)
+
+    async def fetch(self, sql: str, args: Any) -> Sequence[Row]:
+        self._savepoint_clean = False
+        return await self._rows(sql, args)
+
+    # -- the session and its transaction ---------------------------------------------------
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def held(
+        cls, connecting: contextlib.AbstractAsyncContextManager[Any], queries: Mapping[str, str]
+    ) -> AsyncIterator[Self]:
+        """A session on the connection ``connecting`` yields, for as long as it is held."""
+        async with connecting as connection:
+            yield cls(connection, queries)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Self]:
+        async with self._begin():
+            self._savepoint_clean = False
+            yield self
+
+    async def run_handler(
+        self, handler: InboxHandler, message: Message, attempt: int, *, isolated: bool
+    ) -> Exception | None:
+        if not isolated:  # it cannot reach the connection: nothing to undo
+            try:
+                await handler(message, self.connection, attempt)
+            except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
+                return exc
+            return None
+        if not self._savepoint_clean:
+            await self._run(f"SAVEPOINT {_SAVEPOINT}", None)
+        self._savepoint_clean = False
+        try:
+            await handler(message, self.connection, attempt)
+            await self._run(f"RELEASE SAVEPOINT {_SAVEPOINT}; SAVEPOINT {_SAVEPOINT}", None)
+        except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
+            await self._run(
+                f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}", None
+            )
+            return exc
+        self._savepoint_clean = True
+        return None

@@ -47,7 +47,7 @@ from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError, SchemaError, StoreError, StoreUnavailable
 from outboxer.urls import Option, ParsedUrl, UrlSpec, parse
 
-__all__ = ["URL_SPEC", "Conn", "MysqlDatabase", "MysqlPart", "connect_options"]
+__all__ = ["URL_SPEC", "Conn", "MysqlDatabase", "MysqlPart", "connect_options", "transaction_on"]
 
 log = logging.getLogger("outboxer.store.mysql")
 #: What operations receive: a connection borrowed from the pool.
@@ -219,17 +219,8 @@ class MysqlDatabase:
         connection whose rollback fails is closed (and the pool discards a connection given
         back inside a transaction).
         """
-        async with self.connection() as conn:
-            await execute(conn, begin)
-            try:
-                yield conn
-            except BaseException:
-                try:
-                    await execute(conn, "ROLLBACK")
-                except Exception:  # noqa: BLE001 - the first error is the one to report
-                    conn.close()
-                raise
-            await execute(conn, "COMMIT")
+        async with self.connection() as conn, transaction_on(conn, begin):
+            yield conn
 
     @contextlib.contextmanager
     def translated_errors(self) -> Iterator[None]:
@@ -260,6 +251,21 @@ class MysqlPart:
     db: MysqlDatabase
     names: TableNames
     q: Mapping[str, str]
+
+
+@contextlib.asynccontextmanager
+async def transaction_on(conn: Conn, begin: str = "START TRANSACTION") -> AsyncIterator[None]:
+    """A transaction on a connection the caller holds (see :meth:`MysqlDatabase.transaction`)."""
+    await execute(conn, begin)
+    try:
+        yield
+    except BaseException:
+        try:
+            await execute(conn, "ROLLBACK")
+        except Exception:  # noqa: BLE001 - the first error is the one to report
+            conn.close()
+        raise
+    await execute(conn, "COMMIT")
 
 
 async def execute(conn: Conn, sql: str, args: Mapping[str, Any] | None = None) -> int:

@@ -1,28 +1,22 @@
 """The inbox's SQL on SQLite: the primitives :mod:`outboxer.inbox.consume` runs.
 
 Handlers get the aiosqlite connection of the inbox transaction, so their writes commit with the
-inbox row. SQLite has one writer: a session holds the store's connection, one ``BEGIN
-IMMEDIATE`` transaction per message (or one for a chunk); either way each handler runs in its
-own savepoint.
+inbox row. SQLite has one writer: a session holds the store's connection, and its transactions
+are ``BEGIN IMMEDIATE`` (no other writer until the commit); the savepoints are
+``stores._common.SqlInboxSession``'s. A batch of deliveries is recorded by one ``INSERT …
+SELECT FROM json_each(…) ON CONFLICT DO NOTHING RETURNING`` (``inbox_receive``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+import json
+from collections.abc import Sequence
 from typing import Any
 
-import aiosqlite
-
 from outboxer.message import Message, encode_headers
-from outboxer.ports import (
-    ConsumeFailure,
-    InboxHandler,
-    InboxReceipt,
-    PendingFailure,
-    failure_reason,
-)
-from outboxer.stores._common import message_from_row
+from outboxer.ports import ConsumeFailure, InboxReceipt, PendingFailure, failure_reason
+from outboxer.stores._common import Row, SqlInboxSession, message_from_row
 from outboxer.stores.sqlite.connection import SqlitePart, immediate
 
 __all__ = ["SqliteInbox"]
@@ -31,86 +25,43 @@ __all__ = ["SqliteInbox"]
 class SqliteInbox(SqlitePart):
     """The inbox port (:class:`~outboxer.ports.InboxStore`) on SQLite."""
 
-    @contextlib.asynccontextmanager
-    async def inbox_session(self) -> AsyncIterator[_Session]:
-        async with self.db.connection() as conn:
-            yield _Session(conn, self.q)
+    def inbox_session(self) -> contextlib.AbstractAsyncContextManager[_Session]:
+        return _Session.held(self.db.connection(), self.q)
 
 
-class _Session:
+class _Session(SqlInboxSession):
     """The store's connection, held for a chunk of deliveries or a round of re-drives."""
 
-    def __init__(self, conn: aiosqlite.Connection, q: Mapping[str, str]) -> None:
-        self._conn = conn
-        self._q = q
+    def _begin(self) -> contextlib.AbstractAsyncContextManager[object]:
+        return immediate(self.connection)
 
-    @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[_Transaction]:
-        async with immediate(self._conn):
-            yield _Transaction(self._conn, self._q)
+    async def _run(self, sql: str, args: Any) -> None:
+        # No round trips to save in-process; sqlite3 runs one statement per call.
+        for statement in sql.split(";") if args is None else [sql]:
+            await self.connection.execute(statement, args or ())
 
-    # A chunk in one transaction differs only in where it commits: savepoints are per handler.
-    batch_transaction = transaction
+    async def _rows(self, sql: str, args: Any) -> Sequence[Row]:
+        async with self.connection.execute(sql, args) as cursor:
+            return list(await cursor.fetchall())
 
     async def due_failures(self, consumer: str, limit: int) -> list[str]:
-        params = {"consumer": consumer, "limit": limit}
-        async with self._conn.execute(self._q["inbox_due"], params) as cur:
-            return [r["message_id"] for r in await cur.fetchall()]
+        rows = await self.fetch(self.q["inbox_due"], {"consumer": consumer, "limit": limit})
+        return [r["message_id"] for r in rows]
 
     async def count_retries(self, count: int) -> None:
-        await self._conn.execute(self._q["inbox_count_retries"], {"count": count})
-
-
-class _Transaction:
-    """The primitives inside one ``BEGIN IMMEDIATE`` transaction (no other writer)."""
-
-    def __init__(self, conn: aiosqlite.Connection, q: Mapping[str, str]) -> None:
-        self._conn = conn
-        self._q = q
+        await self.execute(self.q["inbox_count_retries"], {"count": count})
 
     async def receive(
         self, consumer: str, messages: Sequence[Message], retention: float
     ) -> list[InboxReceipt]:
-        receipts = []
-        for message in messages:
-            base = {"consumer": consumer, "id": message.id}
-            blocked = False
-            if message.key is not None:
-                keyed = {**base, "key": message.key}
-                async with self._conn.execute(self._q["inbox_blocked"], keyed) as cur:
-                    row = await cur.fetchone()
-                blocked = bool(row is not None and row["blocked"])
-            insert = {**base, "blocked": blocked, "retention": retention}
-            cursor = await self._conn.execute(self._q["inbox_insert"], insert)
-            receipts.append(InboxReceipt(fresh=cursor.rowcount != 0, blocked=blocked))
-        return receipts
-
-    async def run_handler(
-        self, handler: InboxHandler, message: Message, attempt: int
-    ) -> Exception | None:
-        """Run the handler inside a savepoint; return its exception after undoing its writes."""
-        await self._conn.execute("SAVEPOINT outboxer_handler")
-        try:
-            await handler(message, self._conn, attempt)
-        except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
-            await self._conn.execute("ROLLBACK TO outboxer_handler")
-            await self._conn.execute("RELEASE outboxer_handler")
-            return exc
-        await self._conn.execute("RELEASE outboxer_handler")
-        return None
-
-    async def keep_inbox_row(
-        self, consumer: str, message_id: str, expires_in: float | None
-    ) -> bool:
-        # The row written by receive survived the handler's savepoint; a pending retry keeps
-        # it until the failure is resolved (a dead letter keeps its retention expiry).
-        if expires_in is None:
-            params = {"consumer": consumer, "id": message_id}
-            await self._conn.execute(self._q["inbox_set_retrying"], params)
-        return True
-
-    async def end_message(self) -> None:
-        return None
+        batch = json.dumps([[m.id, m.key] for m in messages])
+        params = {"consumer": consumer, "messages": batch, "retention": retention}
+        rows = await self.fetch(self.q["inbox_receive"], params)
+        inserted = {r["message_id"]: r["expires_at"] is None for r in rows}
+        return [
+            InboxReceipt(fresh=m.id in inserted, blocked=inserted.get(m.id, False))
+            for m in messages
+        ]
 
     async def record_failure(
         self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
@@ -123,7 +74,9 @@ class _Transaction:
             "reason": failure.reason,
             "state": "dead" if failure.retry_in is None else "retrying",
         }
-        await self._conn.execute(self._q["inbox_failure_insert"], params)
+        await self.execute(self.q["inbox_failure_insert"], params)
+        if failure.retry_in is not None:  # the inbox row outlives a pending failure
+            await self.execute(self.q["inbox_hold"], {"consumer": consumer, "id": message.id})
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
         params = {
@@ -131,15 +84,16 @@ class _Transaction:
             "reason": failure_reason(reason),
             "attempts": attempts,
         }
-        await self._conn.execute(self._q["inbox_dead_letter"], params)
+        await self.execute(self.q["inbox_dead_letter"], params)
 
     async def lock_failure(self, consumer: str, message_id: str) -> PendingFailure | None:
         # BEGIN IMMEDIATE (this transaction) already excludes every other writer.
-        params = {"consumer": consumer, "id": message_id}
-        async with self._conn.execute(self._q["inbox_failure_lock"], params) as cur:
-            row = await cur.fetchone()
-        if row is None:
+        rows = await self.fetch(
+            self.q["inbox_failure_lock"], {"consumer": consumer, "id": message_id}
+        )
+        if not rows:
             return None
+        row = rows[0]
         return PendingFailure(
             seq=row["seq"],
             message=message_from_row(row),
@@ -148,19 +102,19 @@ class _Transaction:
         )
 
     async def delete_failure(self, seq: int) -> None:
-        await self._conn.execute(self._q["inbox_failure_delete"], {"seq": seq})
+        await self.execute(self.q["inbox_failure_delete"], {"seq": seq})
 
     async def update_failure(self, seq: int, attempts: int, failure: ConsumeFailure) -> None:
         update = {"seq": seq, "attempts": attempts, "reason": failure.reason}
         if failure.retry_in is None:
-            await self._conn.execute(self._q["inbox_failure_dead"], update)
+            await self.execute(self.q["inbox_failure_dead"], update)
             return
         params = {**update, "delay": float(failure.retry_in)}
-        await self._conn.execute(self._q["inbox_failure_retry"], params)
+        await self.execute(self.q["inbox_failure_retry"], params)
 
     async def set_done(self, consumer: str, message_id: str, retention: float) -> None:
         params = {"consumer": consumer, "id": message_id, "retention": retention}
-        await self._conn.execute(self._q["inbox_set_done"], params)
+        await self.execute(self.q["inbox_set_done"], params)
 
 
 def _message_params(message: Message) -> dict[str, Any]:

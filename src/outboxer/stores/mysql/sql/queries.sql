@@ -296,12 +296,15 @@ LIMIT %(limit)s
 -- queries of the same names these follow.
 
 -- name: inbox_receive
--- The first statements of a delivery's transaction, in one round trip. Whether an earlier
--- message of the same key is still failing for this consumer is decided once, into a session
--- variable, so the inbox row and the answer agree (a blocked message's row gets no expiry).
--- The row is inserted unless (consumer, id) is there already: then ROW_COUNT() is 0 and the
--- delivery is a duplicate. A concurrent transaction inserting the same pair makes this one wait
--- for its outcome (InnoDB's duplicate-key check): duplicates never run side by side.
+-- One message of a batch's first statements; ``stores/mysql/inbox.py`` repeats it for every
+-- message (in id order, so that overlapping batches lock their rows in the same order and
+-- cannot deadlock on them) and sends them in one round trip. Whether an earlier message of the
+-- same key is still failing for this consumer is decided once, into a session variable, so the
+-- inbox row and the answer agree (a blocked message's row gets no expiry). The row is inserted
+-- unless (consumer, id) is there already: then ROW_COUNT() is 0 and the delivery is a
+-- duplicate. A concurrent transaction inserting the same pair makes this one wait for its
+-- outcome (InnoDB's duplicate-key check): duplicates never run side by side. The answer
+-- (f: fresh, b: fresh but blocked, d: duplicate) is appended to @outboxer_received.
 SET @outboxer_blocked = (%(key)s IS NOT NULL AND EXISTS (
         SELECT 1 FROM {inbox_failures} f
         WHERE f.consumer = %(consumer)s AND f.`key` = %(key)s AND f.state = 'retrying'));
@@ -309,30 +312,21 @@ INSERT INTO {inbox} (consumer, message_id, expires_at)
 VALUES (%(consumer)s, %(id)s,
         IF(@outboxer_blocked, NULL, UTC_TIMESTAMP(6) + INTERVAL %(retention_us)s MICROSECOND))
 ON DUPLICATE KEY UPDATE consumer = consumer;
-SELECT ROW_COUNT() = 1 AS fresh, @outboxer_blocked AS blocked
+SET @outboxer_received = CONCAT(@outboxer_received,
+        IF(ROW_COUNT() = 1, IF(@outboxer_blocked, 'b', 'f'), 'd'))
 
 -- name: inbox_failure_insert
 -- A failed first delivery ('retrying' after retry_us, or 'dead'), or a message waiting behind
--- its key (attempts 0, due at once: it runs as soon as it is the key's earliest).
+-- its key (attempts 0, due at once: it runs as soon as it is the key's earliest). While it is
+-- retrying its inbox row must not expire: the pair has to outlive the failure.
 INSERT INTO {inbox_failures} (consumer, message_id, topic, `key`, type, payload, content_type,
                               headers, created_at, attempts, next_attempt_at, last_error, state)
 VALUES (%(consumer)s, %(id)s, %(topic)s, %(key)s, %(type)s, %(payload)s, %(content_type)s,
         %(headers)s, %(created_at)s, %(attempts)s,
         UTC_TIMESTAMP(6) + INTERVAL %(retry_us)s MICROSECOND, %(reason)s, %(state)s)
-ON DUPLICATE KEY UPDATE consumer = consumer
-
--- name: inbox_set_retrying
--- The message now has a failure row: keep its inbox row until it is handled or given up.
-UPDATE {inbox} SET expires_at = NULL WHERE consumer = %(consumer)s AND message_id = %(id)s
-
--- name: inbox_insert_again
--- After a rollback to the message's savepoint (one transaction for a whole batch): the inbox
--- row again, expiring after retention_us, or never (NULL) while a retry is pending. Nothing
--- when the row exists (ROW_COUNT() 0): another instance has handled the message meanwhile.
-INSERT INTO {inbox} (consumer, message_id, expires_at)
-VALUES (%(consumer)s, %(id)s,
-        UTC_TIMESTAMP(6) + INTERVAL %(retention_us)s MICROSECOND)
-ON DUPLICATE KEY UPDATE consumer = consumer
+ON DUPLICATE KEY UPDATE consumer = consumer;
+UPDATE {inbox} SET expires_at = NULL
+WHERE consumer = %(consumer)s AND message_id = %(id)s AND %(state)s = 'retrying'
 
 -- name: inbox_set_done
 -- Handled or given up: the row stays for the retention window, then the sweep purges it.

@@ -304,45 +304,38 @@ LIMIT $2
 -- Inbox (consumers). See docs/inbox.md and 0003_inbox.sql.
 
 -- name: inbox_receive
--- The first statement of a delivery's transaction. Records (consumer, id) unless it is there
--- already (then the delivery is a duplicate), and says whether an earlier message of the same
--- key is still failing for this consumer (then this one waits behind it: its inbox row gets no
--- expiry, like any message that has a failure row). A concurrent transaction inserting the same
--- pair makes this one wait for its outcome: duplicates never run side by side.
-WITH blocked AS (
-    SELECT $3::text IS NOT NULL AND EXISTS (
-        SELECT 1 FROM {inbox_failures} f
-        WHERE f.consumer = $1 AND f.key = $3 AND f.state = 'retrying') AS blocked
-), inserted AS (
-    INSERT INTO {inbox} (consumer, message_id, expires_at)
-    SELECT $1, $2, CASE WHEN b.blocked THEN NULL ELSE now() + make_interval(secs => $4) END
-    FROM blocked b
-    ON CONFLICT (consumer, message_id) DO NOTHING
-    RETURNING 1
-)
-SELECT EXISTS (SELECT 1 FROM inserted) AS fresh, (SELECT blocked FROM blocked) AS blocked
+-- The first statement of a batch's transaction: records (consumer, id) of every message ($2,
+-- distinct ids; $3 their keys) unless it is there already, and returns the rows it inserted:
+-- the others are duplicates. A message whose key has an earlier message still failing for this
+-- consumer waits behind it ("blocked"): its row gets no expiry, like any message that has a
+-- failure row. A concurrent transaction holding one of the pairs makes this one wait for its
+-- outcome, so duplicates never run side by side; inserting in id order means two overlapping
+-- batches lock their rows in the same order and cannot deadlock on them.
+INSERT INTO {inbox} (consumer, message_id, expires_at)
+SELECT $1, d.message_id,
+       CASE WHEN d.key IS NOT NULL AND EXISTS (
+                SELECT 1 FROM {inbox_failures} f
+                WHERE f.consumer = $1 AND f.key = d.key AND f.state = 'retrying')
+            THEN NULL ELSE now() + make_interval(secs => $4) END
+FROM unnest($2::text[], $3::text[]) AS d(message_id, key)
+ORDER BY d.message_id
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING message_id, expires_at IS NULL AS blocked
 
 -- name: inbox_failure_insert
 -- A failed first delivery ('retrying' after $10 attempts, or 'dead'), or a message waiting
--- behind its key (attempts 0, due at once: it runs as soon as it is the key's earliest).
-INSERT INTO {inbox_failures} (consumer, message_id, topic, key, type, payload, content_type,
-                              headers, created_at, attempts, next_attempt_at, last_error, state)
-VALUES ($1, $2, $3, $4, $5, $6, $7, CAST($8 AS jsonb), $9, $10,
-        now() + make_interval(secs => $11), $12, $13)
-ON CONFLICT (consumer, message_id) DO NOTHING
-
--- name: inbox_set_retrying
--- The message now has a failure row: keep its inbox row until it is handled or given up.
-UPDATE {inbox} SET expires_at = NULL WHERE consumer = $1 AND message_id = $2
-
--- name: inbox_insert_again
--- After a rollback to the message's savepoint (one transaction for a whole batch): the inbox
--- row again, expiring after $3 seconds, or never (NULL) while a retry is pending. Nothing when
--- the row exists: another instance has handled the message meanwhile.
-INSERT INTO {inbox} (consumer, message_id, expires_at)
-VALUES ($1, $2, now() + make_interval(secs => $3::float8))
-ON CONFLICT (consumer, message_id) DO NOTHING
-RETURNING true
+-- behind its key (attempts 0, due at once: it runs as soon as it is the key's earliest). While
+-- it is retrying its inbox row must not expire: the pair has to outlive the failure.
+WITH failure AS (
+    INSERT INTO {inbox_failures} (consumer, message_id, topic, key, type, payload, content_type,
+                                  headers, created_at, attempts, next_attempt_at, last_error,
+                                  state)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, CAST($8 AS jsonb), $9, $10,
+            now() + make_interval(secs => $11), $12, $13)
+    ON CONFLICT (consumer, message_id) DO NOTHING
+)
+UPDATE {inbox} SET expires_at = NULL
+WHERE consumer = $1 AND message_id = $2 AND $13::text = 'retrying'
 
 -- name: inbox_set_done
 -- Handled or given up: the row stays for the retention window, then the sweep purges it.

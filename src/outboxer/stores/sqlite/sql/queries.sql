@@ -244,17 +244,25 @@ RETURNING id
 -- has no data-modifying CTEs: the store runs these one after the other in one BEGIN IMMEDIATE
 -- transaction (one writer at a time, so no SKIP LOCKED is needed either).
 
--- name: inbox_blocked
-SELECT EXISTS (
-    SELECT 1 FROM {inbox_failures}
-    WHERE consumer = :consumer AND key = :key AND state = 'retrying') AS blocked
-
--- name: inbox_insert
+-- name: inbox_receive
+-- The first statement of a batch's transaction: records (consumer, id) of every message
+-- (:messages, a JSON array of [id, key], distinct ids) unless it is there already, and returns
+-- the rows it inserted: the others are duplicates. A message whose key has an earlier message
+-- still failing for this consumer waits behind it ("blocked"): its row gets no expiry. (WHERE
+-- true: SQLite's parser needs it before ON CONFLICT after a SELECT. The caller tests
+-- expires_at for NULL: "RETURNING expires_at IS NULL" answers 0 for a NULL in a WITHOUT ROWID
+-- table on SQLite 3.40.)
 INSERT INTO {inbox} (consumer, message_id, expires_at)
-VALUES (:consumer, :id,
-        CASE WHEN :blocked THEN NULL
-             ELSE (julianday('now') - 2440587.5) * 86400.0 + :retention END)
+SELECT :consumer, json_extract(d.value, '$[0]'),
+       CASE WHEN json_extract(d.value, '$[1]') IS NOT NULL AND EXISTS (
+                SELECT 1 FROM {inbox_failures} f
+                WHERE f.consumer = :consumer AND f.key = json_extract(d.value, '$[1]')
+                  AND f.state = 'retrying')
+            THEN NULL ELSE (julianday('now') - 2440587.5) * 86400.0 + :retention END
+FROM json_each(:messages) AS d
+WHERE true
 ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING message_id, expires_at
 
 -- name: inbox_failure_insert
 INSERT INTO {inbox_failures} (consumer, message_id, topic, key, type, payload, content_type,
@@ -263,7 +271,8 @@ VALUES (:consumer, :id, :topic, :key, :type, :payload, :content_type, :headers, 
         :attempts, (julianday('now') - 2440587.5) * 86400.0 + :delay, :reason, :state)
 ON CONFLICT (consumer, message_id) DO NOTHING
 
--- name: inbox_set_retrying
+-- name: inbox_hold
+-- The message now has a pending failure: keep its inbox row until it is handled or given up.
 UPDATE {inbox} SET expires_at = NULL WHERE consumer = :consumer AND message_id = :id
 
 -- name: inbox_set_done
