@@ -11,7 +11,8 @@ each ordered (the default) and unordered; the write overhead: 2,000 one-row busi
 transactions on one connection, alone and with an ``enqueue`` (asyncpg / asyncmy); and
 ``backlog``: MariaDB alone, one relay draining ``OUTBOXER_BENCH_BACKLOG`` messages (default
 500,000) to the null publisher, its rate in each tenth of the drain (does the claim slow down as
-InnoDB's purge falls behind the deleted rows at the front of the table?).
+InnoDB's purge falls behind the deleted rows at the front of the table?), and before the ordered
+drain the time of an ordered claim that finds every key in flight (does it walk the backlog?).
 
 Run: ``.venv/bin/python -m benchmarks.mysql [claim null redis kafka write backlog]``
 """
@@ -38,7 +39,7 @@ from outboxer.brokers import publisher_from_url
 from outboxer.config import RelaySettings, TableNames
 from outboxer.errors import PublishError
 from outboxer.message import Message
-from outboxer.ports import DatabaseStore
+from outboxer.ports import ClaimRequest, DatabaseStore, Settlement
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 
@@ -194,17 +195,35 @@ class TimedNullPublisher(NullPublisher):
         return [None] * len(messages)
 
 
+async def blocked_claim_ms(store: DatabaseStore) -> float:
+    """ms of an ordered claim (of 500) that finds nothing because every key is in flight: the
+    heads of all KEYS keys are leased first, and released afterwards."""
+    request = ClaimRequest(limit=500, lease_seconds=300, ordered=True, relay_id="bench")
+    held = [await store.claim_batch(request) for _ in range(KEYS // 500)]
+    started = time.perf_counter()
+    empty = await store.claim_batch(request)
+    elapsed = (time.perf_counter() - started) * 1000
+    if empty.messages:
+        raise RuntimeError(f"claimed {len(empty.messages)} with every key in flight")
+    for claim in held:
+        await store.settle(claim, Settlement(released=[m.id for m in claim.messages]))
+    return round(elapsed, 1)
+
+
 async def backlog(ordered: bool) -> dict[str, Any]:
     total = int(os.environ.get("OUTBOXER_BENCH_BACKLOG", "500000"))
+    blocked: dict[str, float] = {}
     async with fresh("mariadb") as (schema, store):
         for start in range(0, total, 100_000):
             await fill("mariadb", schema, count=min(100_000, total - start))
         publisher = TimedNullPublisher(total)
         async with store() as opened:
+            if ordered:
+                blocked["every_key_in_flight_claim_ms"] = await blocked_claim_ms(opened)
             await drain_store(opened, publisher, RelaySettings(ordered=ordered), total)
     tenth = total / 10
     rates = [round(tenth / (b - a)) for a, b in itertools.pairwise(publisher.marks)]
-    return {"backlog": total, "msg_per_s_by_tenth": rates}
+    return {"backlog": total, "msg_per_s_by_tenth": rates, **blocked}
 
 
 BROKERS = {"redis": redis, "kafka": kafka}

@@ -14,6 +14,7 @@ from outboxer.ports import ClaimRequest
 from outboxer.relay import Relay
 from outboxer.stores import _sql
 from outboxer.stores.mysql import MysqlStore
+from outboxer.stores.mysql.relay import FRONT_PER_MESSAGE, KEYS_PER_MESSAGE
 from outboxer.testing import RecordingPublisher
 from tests.conftest import mysql_connect
 from tests.contracts.store import StoreContract
@@ -111,6 +112,56 @@ async def test_a_rolled_back_transaction_releases_its_key(
             await cur.execute("ROLLBACK")
     finally:
         t1.close()
+
+
+async def write(database: str, messages: list[dict[str, Any]]) -> list[str]:
+    """Commit ``messages`` (``enqueue`` arguments) in one transaction, in write order."""
+    conn = await mysql_connect(database)
+    try:
+        await conn.begin()
+        ids = await Outbox(schema=database).enqueue_many_async(conn, messages)
+        await conn.commit()
+        return ids
+    finally:
+        conn.close()
+
+
+def ordered(limit: int) -> ClaimRequest:
+    return ClaimRequest(limit=limit, lease_seconds=30, ordered=True, relay_id="r")
+
+
+async def test_a_key_far_behind_a_key_in_flight_is_claimed(
+    mysql_store: MysqlStore, mysql_database: str
+) -> None:
+    """The ordered claim starts at the claimable heads: the rows of a key in flight are not what
+    it looks through, however many, and what lies behind them is found."""
+    blocked = await write(mysql_database, [{"topic": "t", "payload": {}, "key": "A"}] * 3000)
+    loose = await write(mysql_database, [{"topic": "t", "payload": {}}] * 2)
+    behind = await write(
+        mysql_database, [{"topic": "t", "payload": {}, "key": k} for k in ("B", "C", "B")]
+    )
+    first = await mysql_store.claim_batch(ordered(10))
+    assert [m.id for m in first.messages] == blocked[:10]  # A's run from its head
+    second = await mysql_store.claim_batch(ordered(10))
+    assert sorted(m.id for m in second.messages) == sorted(loose + behind)
+    assert (await mysql_store.claim_batch(ordered(10))).messages == []  # all three in flight
+
+
+async def test_with_more_keys_than_it_reads_heads_of_the_claim_scans_behind_the_front(
+    mysql_store: MysqlStore, mysql_database: str
+) -> None:
+    """A front of the table held by a key in flight, and more keys than the claim reads the
+    heads of (KEYS_PER_MESSAGE per message): the claim scans on behind the front."""
+    front = FRONT_PER_MESSAGE * 2  # a batch of 1 looks at the first FRONT_PER_MESSAGE rows
+    keys = KEYS_PER_MESSAGE + 1
+    ids = await write(
+        mysql_database,
+        [{"topic": "t", "payload": {}, "key": "A"}] * front
+        + [{"topic": "t", "payload": {}, "key": f"k{n}"} for n in range(keys)]
+        + [{"topic": "t", "payload": {}}],
+    )
+    claimed = [await mysql_store.claim_batch(ordered(1)) for _ in range(keys + 2)]
+    assert [[m.id for m in c.messages] for c in claimed] == [[i] for i in [ids[0], *ids[front:]]]
 
 
 async def test_migrating_step_by_step_equals_a_fresh_install(

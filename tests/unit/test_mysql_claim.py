@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from outboxer.stores.mysql.relay import keep_in_order
+from outboxer.stores.mysql.relay import keep_in_order, seq_ranges
 
 
 def row(seq: int, key: bytes | None, position: int) -> dict[str, Any]:
@@ -31,3 +31,8 @@ def test_nothing_after_a_refused_candidate_of_its_key_is_kept() -> None:
     4, an acknowledgement removed the key's older row, so seq 4 counts 2 = its rank while seq 3
     (counted 2 too, rank 1) was refused. Keeping seq 4 would publish it before seq 3."""
     assert seqs(keep_in_order([row(3, b"K", 2), row(4, b"K", 2), row(6, b"J", 1)])) == [6]
+
+
+def test_the_ranges_of_a_bounded_claim_start_at_the_heads_and_merge_when_they_touch() -> None:
+    assert seq_ranges([], 10) == ""
+    assert seq_ranges([30, 1, 5, 41], 10) == "o.seq BETWEEN 1 AND 15 OR o.seq BETWEEN 30 AND 51"

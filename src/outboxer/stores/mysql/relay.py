@@ -4,7 +4,10 @@ registry.
 A claim is two round trips in one short transaction: lock the candidates (``FOR UPDATE SKIP
 LOCKED``, full rows returned), then lease the kept ones and commit (MySQL has no ``UPDATE ...
 RETURNING``). Ordered claims decide which candidates to keep here, from the ``position`` the query
-returns (see ``claim_ordered`` in queries.sql and docs/adr/0003-mysql-commit-order.md).
+returns (see ``claim_ordered`` in queries.sql and docs/adr/0003-mysql-commit-order.md), and
+first find where the claimable keys begin (``claim_heads``), so that a claim never walks the
+rows of keys still in flight: with every key in flight, a scan from the front of the table read
+the whole backlog to find nothing.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from typing import Any
 
 from outboxer.ports import Claim, ClaimRequest, RelayInfo, Settlement
 from outboxer.stores._common import claim_from_rows
-from outboxer.stores.mysql.connection import MysqlPart, execute, fetch_all, fetch_value
+from outboxer.stores.mysql.connection import Conn, MysqlPart, execute, fetch_all, fetch_value
 
-__all__ = ["MysqlRelay", "keep_in_order", "text_row", "utc"]
+__all__ = ["MysqlRelay", "keep_in_order", "seq_ranges", "text_row", "utc"]
 
 #: How often an idle relay's doorbell looks for a new row (there is no LISTEN/NOTIFY).
 DOORBELL_POLL = 0.02
@@ -51,6 +54,31 @@ def utc(value: dt.datetime) -> dt.datetime:
 
 def micros(seconds: float) -> int:
     return max(0, round(float(seconds) * 1_000_000))
+
+
+#: An ordered claim looks at the front of the table first: this many rows (of seq) per message,
+#: from the oldest row. Room for a relay's window of batches in flight and the next batch.
+FRONT_PER_MESSAGE = 4
+
+#: When the front is not enough, the ordered claim reads the heads of at most this many keys per
+#: message. A table with more keys than that has claimable rows soon behind its front (a relay
+#: leases at most its window of batches): the claim scans on from there.
+KEYS_PER_MESSAGE = 4
+
+
+def seq_ranges(heads: Sequence[int], width: int) -> str:
+    """The SQL condition "seq in one of the ranges [head, head + width]", overlaps merged.
+
+    A key's run (its rows claimable in one batch) is looked for in the ``width`` rows after its
+    head; beyond, it waits for the next claim. Empty when there is no head.
+    """
+    spans: list[list[int]] = []
+    for head in sorted(heads):
+        if spans and head <= spans[-1][1] + 1:
+            spans[-1][1] = head + width
+        else:
+            spans.append([head, head + width])
+    return " OR ".join(f"o.seq BETWEEN {int(low)} AND {int(high)}" for low, high in spans)
 
 
 def keep_in_order(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -98,9 +126,10 @@ class MysqlRelay(MysqlPart):
                 conn, self.q[f"claim_suspect_{mode}"], args
             )
             alone = bool(kept)
-            if not alone:
-                rows = await fetch_all(conn, self.q[f"claim_{mode}"], args)
-                kept = keep_in_order(rows) if request.ordered else rows
+            if not alone and request.ordered:
+                kept = await self._claim_ordered(conn, args, request.limit)
+            elif not alone:
+                kept = await fetch_all(conn, self.q["claim_unordered"], args)
             if kept:
                 await execute(
                     conn,
@@ -114,6 +143,42 @@ class MysqlRelay(MysqlPart):
                     },
                 )
         return claim_from_rows(token, [text_row(row) for row in kept])
+
+    async def _claim_ordered(
+        self, conn: Conn, args: dict[str, Any], limit: int
+    ) -> list[dict[str, Any]]:
+        """Lock the candidates of an ordered claim and return those to lease, in seq order.
+
+        First the front of the table (``FRONT_PER_MESSAGE`` rows per message from its oldest
+        row): enough when its keys are free, the usual case. Then, if that left the batch
+        short, the rest: from the claimable heads (``claim_heads``), the keyed rows in the
+        ranges that start at them and the unkeyed rows apart; or, with more keys than
+        ``KEYS_PER_MESSAGE`` per message, everything behind the front. Rows locked twice are
+        one candidate.
+        """
+        template = self.q["claim_ordered"]
+        front = {**args, "front": limit * FRONT_PER_MESSAGE}
+        rows = await fetch_all(
+            conn, template.replace("{ranges}", self.q["claim_ordered_front"]), front
+        )
+        kept = keep_in_order(rows)
+        if len(kept) == limit:
+            return kept
+        cap = limit * KEYS_PER_MESSAGE
+        heads = await fetch_all(conn, self.q["claim_heads"], {**args, "keys": cap})
+        if len(heads) >= cap:
+            behind = template.replace("{ranges}", self.q["claim_ordered_behind_front"])
+            rows += await fetch_all(conn, behind, front)
+        else:
+            taken = {row["key"] for row in kept}
+            free = [h["head"] for h in heads if h["free"] and h["key"] not in taken]
+            if free := sorted(free)[:limit]:
+                keyed = f"o.`key` IS NOT NULL AND ({seq_ranges(free, limit)})"
+                rows += await fetch_all(conn, template.replace("{ranges}", keyed), args)
+            if any(h["key"] is None for h in heads):
+                rows += await fetch_all(conn, self.q["claim_unkeyed"], args)
+        unique = {row["seq"]: row for row in reversed(rows)}  # the first read of each row
+        return keep_in_order(list(unique.values()))[:limit]
 
     async def settle(self, claim: Claim, settlement: Settlement) -> None:
         token = claim.token

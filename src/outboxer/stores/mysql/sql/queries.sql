@@ -18,6 +18,23 @@ ORDER BY o.seq
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
+-- name: claim_heads
+-- Where the claimable keys begin, for an ordered claim whose look at the front of the table
+-- (claim_ordered_front) left the batch short: then the front holds keys in flight, and what
+-- lies behind it is found from here without walking their rows (docs/adr/0003, "a claim bounded
+-- by the keys"). One row per key, the NULL group standing for the unkeyed rows, with its head
+-- (its oldest row, uncommitted rows included: this runs at READ UNCOMMITTED too) and whether
+-- that head may be claimed. InnoDB answers from the (key, seq) index, one dive per key ("Using
+-- index for group-by"): it costs the number of keys, never the backlog. At most %(keys)s keys
+-- are read; a table with more takes the scan behind the front (relay.py).
+SELECT h.`key`, h.head,
+       (o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6) AND o.lease_expiries = 0
+        AND (NOT %(hold)s OR h.`key` IS NULL OR NOT EXISTS (
+              SELECT 1 FROM {dead_letters} d
+              WHERE d.`key` = h.`key` AND d.direction = 'publish'))) AS free
+FROM (SELECT `key`, MIN(seq) AS head FROM {outbox} GROUP BY `key` LIMIT %(keys)s) h
+JOIN {outbox} o ON o.seq = h.head
+
 -- name: claim_ordered
 -- Per-key order with any number of relays (docs/adr/0001 and 0003). Runs in a READ UNCOMMITTED
 -- transaction: the two subqueries below are plain (non-locking) reads, so they also see rows
@@ -31,17 +48,44 @@ FOR UPDATE SKIP LOCKED
 --     locked by another relay (SKIP LOCKED), a delayed row, and a row whose transaction has not
 --     committed all break that equality: an auto-increment value handed to a slower transaction
 --     is never overtaken by a later row of its key.
+-- The ranges placeholder bounds the scan to primary-key ranges, so that the rows of keys in
+-- flight are not walked (relay.py, _claim_ordered): the front of the table; behind it, keyed rows
+-- in the ranges that start at the claimable heads found by claim_heads (claim_unkeyed takes the
+-- unkeyed rows); or all of the rest. It only narrows the candidates, so it cannot break 2.
 SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
        o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths,
        (SELECT count(*) FROM {outbox} k WHERE k.`key` = o.`key` AND k.seq <= o.seq) AS position
 FROM {outbox} o
-WHERE o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6) AND o.lease_expiries = 0
+WHERE ({ranges})
+  AND o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6) AND o.lease_expiries = 0
   AND (o.`key` IS NULL OR NOT (
         SELECT h.claim_token IS NOT NULL OR h.available_at > UTC_TIMESTAMP(6)
         FROM {outbox} h WHERE h.`key` = o.`key` ORDER BY h.seq LIMIT 1))
   -- a key whose earlier message is a dead letter stays on hold, if the relay asks so
   AND (NOT %(hold)s OR o.`key` IS NULL OR NOT EXISTS (
         SELECT 1 FROM {dead_letters} d WHERE d.`key` = o.`key` AND d.direction = 'publish'))
+ORDER BY o.seq
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: claim_ordered_front
+-- The ranges of an ordered claim's first look: the front of the table, %(front)s values of seq
+-- from its oldest row. MariaDB evaluates the MIN (one index dive) once, before planning, so this
+-- is a primary-key range.
+o.seq <= (SELECT MIN(f.seq) FROM {outbox} f) + %(front)s
+
+-- name: claim_ordered_behind_front
+-- ... and everything behind it, when there are too many keys to read their heads.
+o.seq > (SELECT MIN(f.seq) FROM {outbox} f) + %(front)s
+
+-- name: claim_unkeyed
+-- The unkeyed rows of a bounded ordered claim (they have no order to keep, and may lie anywhere
+-- behind the keyed ranges): the oldest claimable ones, from the NULL end of the (key, seq) index.
+SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
+       o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths, 0 AS position
+FROM {outbox} o
+WHERE o.`key` IS NULL
+  AND o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6) AND o.lease_expiries = 0
 ORDER BY o.seq
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
