@@ -95,7 +95,8 @@ class TableNames:
 
     @property
     def channel(self) -> str:
-        """The LISTEN/NOTIFY channel: one per outbox, so two outboxes never wake each other."""
+        """The NOTIFY channel of schema versions 1-5 (whose first migration still creates the
+        trigger that version 6 drops): one per outbox, so two outboxes never woke each other."""
         return f"outboxer.{self.schema or 'public'}.{self.table}"
 
 
@@ -243,9 +244,10 @@ class RelaySettings:
         lease_seconds: How long a claim is owned before another relay may take it over.
         retry: Per-message retry delays (attempt-based).
         outage: Relay-wide backoff while the broker is unavailable.
-        poll_interval: Longest idle wait between claims when no notification arrives.
-        min_poll_interval: First idle wait; doubles up to ``poll_interval`` (and is at most
-            that).
+        poll_interval: Longest idle wait between claims: an idle relay sees a new message at
+            most this late (there is no NOTIFY, see docs/adr/0006-polling-wakeup.md).
+        min_poll_interval: The idle wait after a claim that found work; doubles while claims
+            come back empty, up to ``poll_interval`` (and is at most that).
         heartbeat_interval: How often the relay refreshes its registry row and reaps leases;
             at most a third of ``lease_seconds``, so a short lease is renewed in time.
         shutdown_timeout: On stop, how long in-flight batches may take before being released.
@@ -291,10 +293,14 @@ class RelaySettings:
         default_factory=Backoff, help="Relay-wide pause while the broker is down, by failed rounds"
     )
     poll_interval: float = duration(
-        1.0, help="Longest idle wait between claims without a notification (s).", maximum=60
+        0.05,
+        help="Longest idle wait between claims: how late an idle relay sees a new message (s).",
+        maximum=60,
     )
     min_poll_interval: float = duration(
-        0.05, help="First idle wait, doubling up to --poll-interval (s).", maximum=60
+        0.002,
+        help="Idle wait after a claim that found work, doubling up to --poll-interval (s).",
+        maximum=60,
     )
     heartbeat_interval: float = duration(
         5.0,

@@ -1,5 +1,6 @@
-"""The relay on a real PostgreSQL: its NOTIFY doorbell, migrations and commit-order gate (what
-every server database does is tested on PostgreSQL and MariaDB in test_relay_servers.py)."""
+"""The relay on a real PostgreSQL: migrations (the upgrade that drops the NOTIFY doorbell on a live
+outbox) and the commit-order gate (what every server database does is tested on PostgreSQL and
+MariaDB in test_relay_servers.py)."""
 
 from __future__ import annotations
 
@@ -37,9 +38,17 @@ async def test_upgrade_is_idempotent_and_equals_a_fresh_install(
                 schema,
                 schema,
             )
+            # triggers and functions: an upgrade must drop what a fresh install no longer has
+            routines = await conn.fetch(
+                "SELECT 'trigger', event_object_table, trigger_name"
+                " FROM information_schema.triggers WHERE trigger_schema = $1"
+                " UNION ALL SELECT 'function', '', routine_name"
+                " FROM information_schema.routines WHERE routine_schema = $1 ORDER BY 1, 2, 3",
+                schema,
+            )
         finally:
             await conn.close()
-        return [tuple(r) for r in columns] + [tuple(r) for r in indexes]
+        return [tuple(r) for r in [*columns, *indexes, *routines]]
 
     async with PostgresStore(pg_url, TableNames(schema=pg_schema)) as store:
         assert await store.migrate() == versions
@@ -93,43 +102,39 @@ async def test_commit_order_gate_never_publishes_past_a_slower_older_transaction
         await t2.close()
 
 
-class ListenFails(asyncpg.Connection):
-    """A connection whose LISTEN fails or hangs, as during a PostgreSQL restart."""
-
-    mode = "fail"
-
-    async def add_listener(self, channel: str, callback: Any) -> None:
-        if ListenFails.mode == "fail":
-            raise asyncpg.InterfaceError("connection was closed in the middle of operation")
-        if ListenFails.mode == "hang":
-            await asyncio.sleep(3600)
-        await super().add_listener(channel, callback)
-
-
-async def test_a_failed_or_cancelled_listen_gives_its_connection_back(
-    pg_url: str, pg_schema: str, pg_store: PostgresStore
+async def test_the_upgrade_to_6_drops_the_doorbell_on_a_live_outbox_and_loses_nothing(
+    pg_url: str, pg_schema: str
 ) -> None:
-    pool = await asyncpg.create_pool(pg_url, min_size=1, max_size=2, connection_class=ListenFails)
+    """Schema 6 drops the NOTIFY trigger (docs/adr/0006-polling-wakeup.md) while the application
+    writes: the upgrade waits for a writing transaction that is open, messages written before,
+    during and after it are all published, and no trigger or function is left."""
+    names = TableNames(schema=pg_schema)
+    outbox = outboxer.Outbox(schema=pg_schema)
+    writer = await asyncpg.connect(pg_url)
     try:
-        store = PostgresStore(pool, TableNames(schema=pg_schema))
-        ListenFails.mode = "fail"
-        for _ in range(5):  # more failures than the pool has connections
-            assert await asyncio.wait_for(store.wait_for_messages(0.01), 5) is False
-        ListenFails.mode = "hang"
-        for _ in range(5):
-            waiting = asyncio.create_task(store.wait_for_messages(10))
-            await asyncio.sleep(0.05)
-            waiting.cancel()
-            await asyncio.gather(waiting, return_exceptions=True)
-        assert pool.get_idle_size() == pool.get_size()  # nothing held
-        ListenFails.mode = "ok"
-        async with pool.acquire() as conn:  # the pool still serves, and LISTEN works again
-            await conn.execute("SELECT 1")
-        woke = asyncio.create_task(store.wait_for_messages(10))
-        await asyncio.sleep(0.1)
-        async with pool.acquire() as conn:
-            await outboxer.Outbox(schema=pg_schema).enqueue_async(conn, "t", {"n": 1})
-        assert await asyncio.wait_for(woke, 10) is True
-        await store.close()
+        async with PostgresStore(pg_url, names) as store, PostgresStore(pg_url, names) as other:
+            assert await store.migrate(target=5) == [1, 2, 3, 4, 5]
+            async with writer.transaction():
+                before = await outbox.enqueue_async(writer, "t", {"n": 1}, key="K")
+            open_transaction = writer.transaction()
+            await open_transaction.start()
+            during = await outbox.enqueue_async(writer, "t", {"n": 2}, key="K")
+            upgrade = asyncio.create_task(other.migrate())
+            await asyncio.sleep(0.3)
+            assert not upgrade.done()  # DROP TRIGGER waits for the writer's lock on the table
+            await open_transaction.commit()
+            assert await asyncio.wait_for(upgrade, 10) == [6]
+            async with writer.transaction():
+                after = await outbox.enqueue_async(writer, "t", {"n": 3}, key="K")
+            left = await store.execute(
+                "SELECT tgname FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal"
+                " UNION ALL SELECT proname FROM pg_proc WHERE pronamespace = $2::regnamespace",
+                f'"{pg_schema}".outbox',
+                pg_schema,
+            )
+            assert left == []
+            publisher = RecordingPublisher()
+            await Relay(store, publisher, RelaySettings()).drain(timeout=30)
+            assert [m.id for m in publisher.messages] == [before, during, after]
     finally:
-        pool.terminate()  # close() would wait for the connections a leak never gives back
+        await writer.close()

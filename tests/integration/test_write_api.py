@@ -9,7 +9,6 @@ the transaction usable (a later statement succeeds and commits).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
@@ -729,26 +728,25 @@ async def test_custom_table_name(pg_url: str, pg_schema: str) -> None:
         assert (await store.stats()).pending == 1
 
 
-async def test_longest_accepted_names_work_and_many_rows_ring_the_doorbell(pg_url: str) -> None:
+async def test_longest_accepted_names_work(pg_url: str) -> None:
     schema = unique_name("ob")  # dropped below
     names = TableNames(table="t" * (53 - len(schema)), schema=schema)
-    assert len(names.channel) == 63  # PostgreSQL's limit, reached
-    listener = await asyncpg.connect(pg_url)
+    # PostgreSQL's limit, reached: schema 1 creates a NOTIFY trigger on this channel (schema 6
+    # drops it again), and the derived names (indexes, sibling tables) fit as well
+    assert len(names.channel) == 63
+    admin = await asyncpg.connect(pg_url)
     try:
         async with PostgresStore(pg_url, names) as store:
             await store.migrate()
-            rang = asyncio.Event()
-            await listener.add_listener(names.channel, lambda *_: rang.set())
             conn = await asyncpg.connect(pg_url)
             try:
-                async with conn.transaction():  # COPY: the statement trigger fires as for INSERT
+                async with conn.transaction():  # COPY
                     ids = await outboxer.Outbox(names.table, schema).enqueue_many_async(
                         conn, [{"topic": "t", "payload": {"n": n}} for n in range(3)]
                     )
             finally:
                 await conn.close()
-            await asyncio.wait_for(rang.wait(), timeout=10)
             assert await delivered_ids(store) == set(ids)
     finally:
-        await listener.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await listener.close()
+        await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await admin.close()

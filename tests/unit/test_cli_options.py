@@ -145,9 +145,9 @@ def test_settings_refuse_non_finite_and_out_of_range_numbers(
 
 
 def test_derived_settings_follow_the_values_they_depend_on() -> None:
-    settings = RelaySettings(lease_seconds=3, poll_interval=0.01)
+    settings = RelaySettings(lease_seconds=3, poll_interval=0.001)
     assert settings.heartbeat_interval == 1.0  # a third of the lease
-    assert settings.min_poll_interval == 0.01  # never above poll_interval
+    assert settings.min_poll_interval == 0.001  # never above poll_interval
 
 
 def test_relay_metrics_and_serve_listen_on_the_same_default_host() -> None:

@@ -11,6 +11,7 @@ import asyncio
 import datetime as dt
 import itertools
 import logging
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -177,3 +178,56 @@ def test_relays_and_consumers_log_the_last_sweep_when_they_start(
     reports = [r.name for r in caplog.records if r.getMessage().startswith("last sweep: {")]
     assert reports == ["outboxer.relay", "outboxer.consumer"]
     assert '"swept_by": "earlier"' in caplog.records[1].getMessage()
+
+
+class NoDoorbell(InMemoryStore):
+    """A store that never rings (PostgreSQL since schema 6): only polling finds new messages."""
+
+    async def wait_for_messages(self, timeout: float) -> bool:
+        await asyncio.sleep(timeout)
+        return False
+
+
+def test_an_idle_relay_sees_a_message_committed_at_any_moment_within_one_poll_interval() -> None:
+    """No lost wake-up, on many schedules: messages committed at random moments (during work,
+    just after it, deep in an idle period) are each claimed at most ``poll_interval`` (50 ms)
+    after their commit, and right after a claim that found work the relay looks again within
+    ``min_poll_interval`` (2 ms)."""
+
+    async def scenario() -> tuple[list[float], list[float]]:
+        loop = asyncio.get_running_loop()
+        store = NoDoorbell(clock=lambda: EPOCH + dt.timedelta(seconds=loop.time()))
+        claimed: dict[str, float] = {}
+
+        class Timed(RecordingPublisher):
+            async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+                for message in messages:
+                    claimed[message.id] = loop.time()
+                return await super().publish(messages)
+
+        relay = Relay(store, Timed(), RelaySettings())
+        task = asyncio.create_task(relay.run())
+        rng = random.Random(15)
+        delays, busy = [], []
+        for n in range(300):
+            await asyncio.sleep(rng.choice([0.0, 0.001, rng.uniform(0, 0.2), rng.uniform(0, 5)]))
+            message_id = store.enqueue("orders", {"n": n})
+            committed = loop.time()
+            while message_id not in claimed:
+                await asyncio.sleep(0.0001)
+            delays.append(claimed[message_id] - committed)
+            # a second one at once: the relay just found work, so it looks again soon
+            second = store.enqueue("orders", {"n": n, "again": True})
+            committed = loop.time()
+            while second not in claimed:
+                await asyncio.sleep(0.0001)
+            busy.append(claimed[second] - committed)
+        relay.stop()
+        await task
+        return delays, busy
+
+    delays, busy = on_virtual_time(scenario)
+    settings = RelaySettings()
+    assert max(delays) <= settings.poll_interval + 1e-6
+    assert max(delays) > settings.poll_interval / 2  # some commits did land deep in idleness
+    assert max(busy) <= 2 * settings.min_poll_interval + 1e-6

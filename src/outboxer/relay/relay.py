@@ -3,7 +3,10 @@
 Throughput comes from never waiting when it need not: a batch is claimed in one statement and
 published while the next batch is claimed (up to ``max_in_flight_batches`` at once); no database
 transaction is open while the broker works; each batch is settled in one statement in the common
-case. Idle relays wait on the store's doorbell (NOTIFY) with an adaptive polling fallback.
+case. An idle relay polls adaptively: ``min_poll_interval`` after a claim found work, doubling
+up to ``poll_interval`` while claims come back empty; a store with a doorbell (MySQL's probe of
+the newest row) cuts the wait short. PostgreSQL has none since schema 6: a NOTIFY at every
+inserting commit serialized the application's commits (docs/adr/0006-polling-wakeup.md).
 
 What a failure does:
 
@@ -77,8 +80,6 @@ __all__ = ["Relay", "RelayCounters"]
 log = logging.getLogger("outboxer.relay")
 
 _MAX_REASON = 2000
-#: First wait after the doorbell rang but the claim found nothing claimable yet.
-_AFTER_DOORBELL = 0.01
 
 
 @dataclass(slots=True)
@@ -356,13 +357,16 @@ class Relay:
                     self._window.release()
             # A short, empty or saturated claim. While batches are in flight, their settlement
             # is what makes more work claimable (ordered mode: their keys' next messages), so
-            # wait for one of them; otherwise wait for the doorbell, polling adaptively.
+            # wait for one of them; otherwise poll adaptively: the shortest wait while work was
+            # recent, doubling up to poll_interval, which bounds how late an idle relay sees a
+            # commit (no wake-up can be lost: every wait ends with a claim that sees every
+            # committed row). A store's doorbell may end the wait early.
             if self._in_flight:
                 await self._sleep(settings.poll_interval, in_flight=True)
             elif await self._sleep(idle, doorbell=True):
                 # Something committed. It may still be behind the commit-order gate (an older
                 # transaction is running), so look again soon rather than after a full poll.
-                idle = min(_AFTER_DOORBELL, settings.min_poll_interval)
+                idle = settings.min_poll_interval
             else:
                 idle = min(idle * 2, settings.poll_interval)
 

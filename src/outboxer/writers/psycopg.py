@@ -2,8 +2,7 @@
 
 ``insert_many`` streams the rows with ``COPY ... FROM STDIN`` (text format: psycopg's binary
 jsonb dumper would re-encode our JSON text as a JSON string): one statement, measured ≈ 2.5×
-faster than ``executemany`` in pipeline mode. COPY fires the same statement trigger (the NOTIFY
-doorbell) and fills the same defaults as INSERT; it cannot compute ``COALESCE(available_at,
+faster than ``executemany`` in pipeline mode. COPY fills the same defaults as INSERT; it cannot compute ``COALESCE(available_at,
 now())``, so a batch with a delayed message, or a connection in pipeline mode (where COPY is not
 allowed), uses ``executemany`` instead, which psycopg pipelines into one round trip.
 """

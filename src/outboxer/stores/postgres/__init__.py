@@ -4,7 +4,7 @@ One class, :class:`PostgresStore`, assembled from its parts, one module per conc
 connection seam of :mod:`~outboxer.stores.postgres.connection`:
 
 - ``relay.py``: claims (``FOR UPDATE SKIP LOCKED``), settlements fenced by the claim token, the
-  NOTIFY doorbell, the relay registry;
+  relay registry (no doorbell: relays poll adaptively, docs/adr/0006-polling-wakeup.md);
 - ``sweeper.py``: the periodic sweep, one instance at a time;
 - ``dead_letters.py``: figures and dead letters for operators;
 - ``messages.py``: the messages not yet published, read-only, for operators;
@@ -13,7 +13,7 @@ connection seam of :mod:`~outboxer.stores.postgres.connection`:
 - ``sql/``: the migrations and the named queries (``queries.sql``), with the reasons beside them.
 
 Ownership: a store built from a URL creates and closes its pool; a store handed a pool uses it
-and never closes it (while a relay waits it holds one of the pool's connections for LISTEN).
+and never closes it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from outboxer.stores.postgres.connection import URL_SPEC, PostgresDatabase
 from outboxer.stores.postgres.dead_letters import PostgresDeadLetters
 from outboxer.stores.postgres.inbox import PostgresInbox
 from outboxer.stores.postgres.messages import PostgresMessages
-from outboxer.stores.postgres.relay import Doorbell, PostgresRelay
+from outboxer.stores.postgres.relay import PostgresRelay
 from outboxer.stores.postgres.schema import PostgresSchema
 from outboxer.stores.postgres.sweeper import PostgresSweeper
 
@@ -68,11 +68,6 @@ class PostgresStore(
         self.names = names or TableNames()
         self.q = _sql.queries("postgres", self.names)
         self.db = PostgresDatabase(dsn_or_pool, self.names, max_connections=max_connections)
-        self.doorbell = Doorbell(self.db, self.names.channel)
-
-    async def close(self) -> None:
-        await self.doorbell.close()
-        await self.db.close()
 
     @property
     def pool(self) -> asyncpg.Pool:

@@ -1,95 +1,26 @@
-"""What the relay asks of PostgreSQL: claims, settlements, the doorbell, the relay registry.
+"""What the relay asks of PostgreSQL: claims, settlements, the relay registry.
 
 Claims use ``FOR UPDATE SKIP LOCKED`` so any number of relays claim disjoint batches; every
 settle statement is fenced by the claim token; acknowledged rows are deleted in one statement
-per batch. A statement-level trigger sends a NOTIFY at commit (the doorbell) and the store
-LISTENs on one pooled connection; polling remains the fallback.
+per batch. There is no doorbell: an idle relay polls adaptively (docs/adr/0006-polling-wakeup.md),
+because a NOTIFY at every inserting commit serialized the commits of the application's writers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import os
 from typing import Any
 
-import asyncpg
-
 from outboxer.ports import Claim, ClaimRequest, RelayInfo, Settlement
-from outboxer.stores._common import claim_from_rows, wait_for_doorbell
-from outboxer.stores.postgres.connection import Conn, PostgresDatabase, PostgresPart
+from outboxer.stores._common import claim_from_rows
+from outboxer.stores.postgres.connection import PostgresPart
 
-__all__ = ["Doorbell", "PostgresRelay"]
-
-log = logging.getLogger("outboxer.store.postgres")
-
-
-class Doorbell:
-    """LISTEN on the outbox's channel, on one connection held from the pool while relays wait.
-
-    If LISTEN cannot be set up (or its connection died, e.g. in a database restart), it is set
-    up again at the next wait; meanwhile the relay's polling carries on alone.
-    """
-
-    def __init__(self, db: PostgresDatabase, channel: str) -> None:
-        self._db = db
-        self._channel = channel
-        self._listener: Conn | None = None
-        self._rung = asyncio.Event()
-
-    async def wait(self, timeout: float) -> bool:
-        if not self._listening():
-            await self._listen()
-        return await wait_for_doorbell(self._rung, timeout)
-
-    async def close(self) -> None:
-        if self._listener is not None:
-            with contextlib.suppress(Exception):
-                await self._listener.remove_listener(self._channel, self._ring)
-                await self._db.pool.release(self._listener, timeout=2)
-            self._listener = None
-
-    def _listening(self) -> bool:
-        if self._listener is None:
-            return False
-        try:
-            return not self._listener.is_closed()
-        except asyncpg.InterfaceError:  # the pool took the broken connection back (restart)
-            return False
-
-    async def _listen(self) -> None:
-        """Hold one pooled connection for LISTEN; on failure polling carries on alone."""
-        if self._listener is not None:
-            with contextlib.suppress(Exception):
-                await self._db.pool.release(self._listener, timeout=2)
-        self._listener = None
-        try:
-            conn = await self._db.pool.acquire()
-        except Exception as exc:  # noqa: BLE001 - polling is the documented fallback
-            log.warning("LISTEN unavailable, polling only: %s", exc)
-            return
-        try:
-            await conn.add_listener(self._channel, self._ring)
-        except BaseException as exc:
-            # Failed, or cancelled (the relay stops waiting whenever a batch finishes): the
-            # connection goes back to the pool, or each database restart would eat one.
-            with contextlib.suppress(Exception):
-                await self._db.pool.release(conn, timeout=2)
-            if not isinstance(exc, Exception):
-                raise
-            log.warning("LISTEN unavailable, polling only: %s", exc)
-            return
-        self._listener = conn
-
-    def _ring(self, *_: object) -> None:
-        self._rung.set()
+__all__ = ["PostgresRelay"]
 
 
 class PostgresRelay(PostgresPart):
     """The relay's port (:class:`~outboxer.ports.RelayStore`) on PostgreSQL."""
-
-    doorbell: Doorbell
 
     async def claim_batch(self, request: ClaimRequest) -> Claim:
         token = int.from_bytes(os.urandom(8), "big") >> 1  # positive bigint
@@ -147,7 +78,9 @@ class PostgresRelay(PostgresPart):
             return int(await conn.fetchval(self.q["release_expired"]))
 
     async def wait_for_messages(self, timeout: float) -> bool:
-        return await self.doorbell.wait(timeout)
+        # No doorbell (no NOTIFY since schema 6): the relay's adaptive polling finds new rows.
+        await asyncio.sleep(timeout)
+        return False
 
     async def heartbeat(self, relay: RelayInfo) -> None:
         async with self.db.connection() as conn:
