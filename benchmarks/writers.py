@@ -13,7 +13,7 @@ this tree, then given the wake-up to compare:
 
 - ``notify``: the statement trigger of schema versions 1-5 (``pg_notify`` at every inserting
   commit; PostgreSQL serializes the commits of notifying transactions on one global lock);
-- ``polling``: no trigger (schema 6: the relay polls adaptively, docs/adr/0006);
+- ``polling``: no trigger (schema 6: the relay polls adaptively, docs/adr/0007);
 - ``gated``: a trigger that notifies only while no relay is awake (it reads an UNLOGGED "relay
   awake until" row and skips ``pg_notify`` meanwhile), measured while the row says "awake": the
   best case of that design.

@@ -245,7 +245,7 @@ class RelaySettings:
         retry: Per-message retry delays (attempt-based).
         outage: Relay-wide backoff while the broker is unavailable.
         poll_interval: Longest idle wait between claims: an idle relay sees a new message at
-            most this late (there is no NOTIFY, see docs/adr/0006-polling-wakeup.md).
+            most this late (there is no NOTIFY, see docs/adr/0007-polling-wakeup.md).
         min_poll_interval: The idle wait after a claim that found work; doubles while claims
             come back empty, up to ``poll_interval`` (and is at most that).
         heartbeat_interval: How often the relay refreshes its registry row and reaps leases;

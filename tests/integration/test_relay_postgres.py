@@ -105,7 +105,7 @@ async def test_commit_order_gate_never_publishes_past_a_slower_older_transaction
 async def test_the_upgrade_to_6_drops_the_doorbell_on_a_live_outbox_and_loses_nothing(
     pg_url: str, pg_schema: str
 ) -> None:
-    """Schema 6 drops the NOTIFY trigger (docs/adr/0006-polling-wakeup.md) while the application
+    """Schema 6 drops the NOTIFY trigger (docs/adr/0007-polling-wakeup.md) while the application
     writes: the upgrade waits for a writing transaction that is open, messages written before,
     during and after it are all published, and no trigger or function is left."""
     names = TableNames(schema=pg_schema)

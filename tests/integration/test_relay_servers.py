@@ -226,7 +226,7 @@ async def test_idle_relays_publish_a_message_committed_at_any_moment_without_del
 ) -> None:
     """No lost wake-up: a message committed while every relay is idle is published at most one
     poll interval later (50 ms with the defaults; the bound asserted is ten times that, for a
-    loaded machine). PostgreSQL has no doorbell since schema 6 (docs/adr/0006-polling-wakeup.md):
+    loaded machine). PostgreSQL has no doorbell since schema 6 (docs/adr/0007-polling-wakeup.md):
     the relays' adaptive polling alone must find it; MySQL's doorbell may ring first."""
     settings = RelaySettings()
     publisher = RecordingPublisher()

@@ -6,7 +6,7 @@ transaction is open while the broker works; each batch is settled in one stateme
 case. An idle relay polls adaptively: ``min_poll_interval`` after a claim found work, doubling
 up to ``poll_interval`` while claims come back empty; a store with a doorbell (MySQL's probe of
 the newest row) cuts the wait short. PostgreSQL has none since schema 6: a NOTIFY at every
-inserting commit serialized the application's commits (docs/adr/0006-polling-wakeup.md).
+inserting commit serialized the application's commits (docs/adr/0007-polling-wakeup.md).
 
 What a failure does:
 

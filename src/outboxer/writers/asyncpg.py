@@ -2,8 +2,9 @@
 
 ``insert_many`` streams the rows with ``COPY ... FROM STDIN (FORMAT binary)``: one statement,
 measured ≈ 2.5× faster than ``executemany`` and ≈ 2× faster than an ``INSERT ... SELECT FROM
-unnest($1::text[], ...)``. COPY fills the same defaults as INSERT; it cannot compute ``COALESCE(available_at, now())``, so a
-batch with a delayed message uses ``executemany`` (pipelined by asyncpg: one round trip).
+unnest($1::text[], ...)``. COPY fills the same defaults as INSERT; it cannot compute
+``COALESCE(available_at, now())``, so a batch with a delayed message uses ``executemany``
+(pipelined by asyncpg: one round trip).
 
 Nothing here depends on the connection's type codecs. Applications often give asyncpg their own
 ``jsonb`` codec (``set_type_codec('jsonb', encoder=json.dumps, ...)``): it would store our JSON

@@ -2,9 +2,10 @@
 
 ``insert_many`` streams the rows with ``COPY ... FROM STDIN`` (text format: psycopg's binary
 jsonb dumper would re-encode our JSON text as a JSON string): one statement, measured ≈ 2.5×
-faster than ``executemany`` in pipeline mode. COPY fills the same defaults as INSERT; it cannot compute ``COALESCE(available_at,
-now())``, so a batch with a delayed message, or a connection in pipeline mode (where COPY is not
-allowed), uses ``executemany`` instead, which psycopg pipelines into one round trip.
+faster than ``executemany`` in pipeline mode. COPY fills the same defaults as INSERT; it cannot
+compute ``COALESCE(available_at, now())``, so a batch with a delayed message, or a connection in
+pipeline mode (where COPY is not allowed), uses ``executemany`` instead, which psycopg pipelines
+into one round trip.
 """
 
 from __future__ import annotations

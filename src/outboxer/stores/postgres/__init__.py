@@ -4,7 +4,7 @@ One class, :class:`PostgresStore`, assembled from its parts, one module per conc
 connection seam of :mod:`~outboxer.stores.postgres.connection`:
 
 - ``relay.py``: claims (``FOR UPDATE SKIP LOCKED``), settlements fenced by the claim token, the
-  relay registry (no doorbell: relays poll adaptively, docs/adr/0006-polling-wakeup.md);
+  relay registry (no doorbell: relays poll adaptively, docs/adr/0007-polling-wakeup.md);
 - ``sweeper.py``: the periodic sweep, one instance at a time;
 - ``dead_letters.py``: figures and dead letters for operators;
 - ``messages.py``: the messages not yet published, read-only, for operators;

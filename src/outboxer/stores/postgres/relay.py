@@ -2,7 +2,7 @@
 
 Claims use ``FOR UPDATE SKIP LOCKED`` so any number of relays claim disjoint batches; every
 settle statement is fenced by the claim token; acknowledged rows are deleted in one statement
-per batch. There is no doorbell: an idle relay polls adaptively (docs/adr/0006-polling-wakeup.md),
+per batch. There is no doorbell: an idle relay polls adaptively (docs/adr/0007-polling-wakeup.md),
 because a NOTIFY at every inserting commit serialized the commits of the application's writers.
 """
 

@@ -1,3 +1,3 @@
 -- outboxer schema version 6 (MySQL, MariaDB): nothing to change. PostgreSQL's version 6 drops its
--- NOTIFY trigger (docs/adr/0006-polling-wakeup.md); MySQL never had one. The version numbers of
+-- NOTIFY trigger (docs/adr/0007-polling-wakeup.md); MySQL never had one. The version numbers of
 -- all databases move together (one Django migration, one Alembic step per version).

@@ -1,4 +1,4 @@
--- outboxer schema version 6 (PostgreSQL): no NOTIFY doorbell (docs/adr/0006-polling-wakeup.md).
+-- outboxer schema version 6 (PostgreSQL): no NOTIFY doorbell (docs/adr/0007-polling-wakeup.md).
 -- PostgreSQL serializes the commits of all transactions that issued a NOTIFY (one global lock
 -- on the notification queue, held until the commit is flushed), so the trigger of version 1 made
 -- every writing application queue its commits behind one another: with enqueue, writes stopped
