@@ -24,7 +24,6 @@ import pytest
 
 from outboxer.brokers import publisher_from_url
 from outboxer.brokers.rabbitmq import RabbitMQPublisher, RabbitMQSettings
-from outboxer.brokers.rabbitmq import publisher as rabbitmq
 from outboxer.brokers.rabbitmq.wire import KEY_HEADER
 from outboxer.errors import (
     BrokerUnavailable,
@@ -319,22 +318,6 @@ async def test_large_payloads_span_several_frames(
     ]
 
 
-async def test_basic_publish_fallback(
-    url: str, bound: Inspector, topic: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A pika without the batched frame output: the adapter uses basic_publish, same results.
-    monkeypatch.setattr(rabbitmq, "_frame_writer", lambda connection: None)
-    messages = [make_message(topic, n, key=f"k{n % 3}") for n in range(50)]
-    async with RabbitMQPublisher.from_url(f"{url}&max_unconfirmed=7") as publisher:
-        assert publisher._link is not None
-        assert publisher._link._write is None
-        results = await publisher.publish([*messages, make_message(f"{topic}-nowhere", 0)])
-    assert list(results[:50]) == [None] * 50
-    assert isinstance(results[50], PermanentPublishError)
-    received = [_received(d) for d in await asyncio.to_thread(bound.get, topic, 50)]
-    assert [r.id for r in received] == [m.id for m in messages]
-
-
 async def test_concurrent_calls_share_the_window(url: str, bound: Inspector, topic: str) -> None:
     calls = [
         [make_message(topic, 100 * c + n, key=f"c{c}-k{n % 5}") for n in range(100)]
@@ -343,7 +326,6 @@ async def test_concurrent_calls_share_the_window(url: str, bound: Inspector, top
     async with RabbitMQPublisher.from_url(f"{url}&max_unconfirmed=37") as publisher:
         outcomes = await asyncio.gather(*(publisher.publish(call) for call in calls))
         assert publisher._link is not None
-        assert publisher._link._write is not None  # the batched frame output is in use
         assert len(publisher._link.unconfirmed) == 0
     assert all(list(o) == [None] * 100 for o in outcomes)
     received = [_received(d) for d in await asyncio.to_thread(bound.get, topic, 600)]

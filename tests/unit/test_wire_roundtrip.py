@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+import pika
 import pytest
 from nats.aio.client import Client as NatsClient
 
@@ -83,7 +84,21 @@ def test_kafka_user_headers_cannot_replace_the_id() -> None:
 
 @pytest.mark.parametrize("message", _messages(), ids=lambda m: m.id)
 def test_rabbitmq(message: Message) -> None:
-    properties = rabbitmq_wire.properties(message)
+    encoded = rabbitmq_wire.encode_properties(message)
+    # Byte for byte what pika encodes for the documented fields.
+    headers = dict(message.headers)
+    if message.key is not None:
+        headers["x-outbox-key"] = message.key
+    expected = pika.BasicProperties(
+        content_type=message.content_type,
+        headers=headers,
+        delivery_mode=2,
+        message_id=message.id,
+        timestamp=int(message.created_at.timestamp()),
+        type=message.type,
+    )
+    assert encoded == b"".join(expected.encode())
+    properties = pika.BasicProperties().decode(encoded)
     assert properties.delivery_mode == 2
     decoded = rabbitmq_wire.decode(
         routing_key=message.topic,
@@ -125,6 +140,19 @@ async def test_nats_header_values_are_trimmed_and_cannot_break_their_line() -> N
     headers = await _nats_read(block)
     assert (headers["note"], headers["tail"]) == ("a  HPUB x 1 1", "b")
     assert headers["ce-id"] == message.id
+
+
+def test_rabbitmq_key_replaces_a_user_header_of_its_name_and_text_is_utf8() -> None:
+    message = Message(
+        id="m-é",
+        topic="t",
+        payload=b"",
+        key="clé",
+        headers={"x-outbox-key": "forged", "note": "ünïcode"},
+    )
+    properties = pika.BasicProperties().decode(rabbitmq_wire.encode_properties(message))
+    assert list(properties.headers.items()) == [("x-outbox-key", "clé"), ("note", "ünïcode")]
+    assert (properties.message_id, properties.type) == ("m-é", None)
 
 
 @pytest.mark.parametrize("message", _messages(), ids=lambda m: m.id)

@@ -11,35 +11,90 @@ AMQP has no stable position for a message, so one not written by outboxer (no
 from __future__ import annotations
 
 import datetime as dt
+import struct
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import pika  # type: ignore[import-untyped]
+import pika.data  # type: ignore[import-untyped]
+import pika.exceptions  # type: ignore[import-untyped]
+from pika.spec import BasicProperties  # type: ignore[import-untyped]
 
 from outboxer.message import OCTET_STREAM, Message
 
-__all__ = ["KEY_HEADER", "decode", "properties"]
+__all__ = ["KEY_HEADER", "decode", "encode_properties"]
 
 #: The header that carries the message key (AMQP has no key field of its own).
 KEY_HEADER = "x-outbox-key"
 
 _PERSISTENT = 2
+# Properties every message has; ``type`` is added when the message has one.
+_FLAGS = (
+    BasicProperties.FLAG_CONTENT_TYPE
+    | BasicProperties.FLAG_HEADERS
+    | BasicProperties.FLAG_DELIVERY_MODE
+    | BasicProperties.FLAG_MESSAGE_ID
+    | BasicProperties.FLAG_TIMESTAMP
+)
+_U8 = struct.Struct(">B")
+_U32 = struct.Struct(">I")
+_FLAGS_AND_CONTENT_TYPE = struct.Struct(">HB")  # property flags, content type's length
+_MODE_AND_ID = struct.Struct(">BB")  # delivery mode, message id's length
+_TIMESTAMP = struct.Struct(">Q")
 
 
-def properties(message: Message) -> Any:
-    """The ``pika.BasicProperties`` of ``message`` (the routing key is its topic)."""
+def _short(text: str) -> bytes:
+    encoded = text.encode()
+    if len(encoded) > 255:
+        raise pika.exceptions.ShortStringTooLong(encoded)
+    return encoded
+
+
+def encode_properties(message: Message) -> bytes:
+    """The AMQP basic properties of ``message``, encoded for its content header frame.
+
+    The same bytes as ``pika.BasicProperties(content_type=..., headers=..., delivery_mode=2,
+    message_id=..., timestamp=..., type=...).encode()`` (a unit test compares them), built
+    without pika's per-property objects, which cost the publisher more CPU than the rest of a
+    message. ``headers`` are the user headers plus :data:`KEY_HEADER` when the message has a
+    key; string values are AMQP long strings (``S``), anything else is left to pika's encoder.
+
+    Raises:
+        pika.exceptions.ShortStringTooLong: a short string is over 255 bytes.
+        UnicodeEncodeError: a string is not valid UTF-8 (a lone surrogate).
+    """
     headers = dict(message.headers)
     if message.key is not None:
         headers[KEY_HEADER] = message.key
-    return pika.BasicProperties(
-        content_type=message.content_type,
-        headers=headers,
-        delivery_mode=_PERSISTENT,
-        message_id=message.id,
-        timestamp=int(message.created_at.timestamp()),
-        type=message.type,
-    )
+    table: list[bytes] = []
+    for name, value in headers.items():
+        encoded_name = _short(name)
+        table.append(_U8.pack(len(encoded_name)))
+        table.append(encoded_name)
+        if isinstance(value, str):
+            encoded = value.encode()
+            table.append(b"S" + _U32.pack(len(encoded)))
+            table.append(encoded)
+        else:
+            pika.data.encode_value(table, value)
+    fields = b"".join(table)
+    content_type = _short(message.content_type)
+    message_id = _short(message.id)
+    flags = _FLAGS if message.type is None else _FLAGS | BasicProperties.FLAG_TYPE
+    parts = [
+        _FLAGS_AND_CONTENT_TYPE.pack(flags, len(content_type)),
+        content_type,
+        _U32.pack(len(fields)),
+        fields,
+        _MODE_AND_ID.pack(_PERSISTENT, len(message_id)),
+        message_id,
+        _TIMESTAMP.pack(int(message.created_at.timestamp())),
+    ]
+    if message.type is not None:
+        type_ = _short(message.type)
+        parts.append(_U8.pack(len(type_)))
+        parts.append(type_)
+    return b"".join(parts)
 
 
 def decode(
