@@ -53,8 +53,12 @@ unit: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python -m pytest -m soak -p no:cacheprovider
 
+# The peers side by side (txoutbox, faststream-outbox) and the backlog sizes: ≈ 30 min.
+# Other benchmarks: docs/benchmarks.md lists their commands.
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(BIN)/python -m benchmarks.peers
+	$(BIN)/python -m benchmarks.backlog
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
