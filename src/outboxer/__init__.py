@@ -23,7 +23,15 @@ from outboxer.errors import (
 )
 from outboxer.inbox.registry import HandlerContext, HandlerRegistry
 from outboxer.message import Message
-from outboxer.outbox import Outbox, enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from outboxer.outbox import (
+    Outbox,
+    Returned,
+    enqueue,
+    enqueue_async,
+    enqueue_many,
+    enqueue_many_async,
+    with_message,
+)
 from outboxer.ports import Publisher, Store
 from outboxer.relay import Relay
 
@@ -45,6 +53,7 @@ __all__ = [
     "RelayFailed",
     "RelaySettings",
     "RetryablePublishError",
+    "Returned",
     "SchemaError",
     "Store",
     "StoreError",
@@ -55,6 +64,7 @@ __all__ = [
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "with_message",
 ]
 
 __version__ = "0.1.0"

@@ -13,6 +13,7 @@ import datetime as dt
 import decimal
 import enum
 import json
+import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,7 +21,18 @@ from typing import Any, NamedTuple
 
 from outboxer.errors import ConfigurationError
 
-__all__ = ["JSON", "OCTET_STREAM", "TEXT", "Message", "Row", "encode_headers", "encode_payload"]
+__all__ = [
+    "JSON",
+    "OCTET_STREAM",
+    "TEXT",
+    "Message",
+    "Returned",
+    "Row",
+    "RowTemplate",
+    "encode_headers",
+    "encode_payload",
+    "encode_payload_template",
+]
 
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
@@ -82,6 +94,65 @@ class Row(NamedTuple):
     available_at: dt.datetime | None
 
 
+class Returned:
+    """A column the business statement returns, standing for a message's ``key`` or for a
+    member of its (dict) payload in a one-statement write: the database fills it in, e.g. with
+    the id it generated for the new business row. Anywhere a JSON payload (dict, list,
+    dataclass) holds a value (not a dataclass itself, on purpose: JSON would encode it as an
+    object).
+
+    Args:
+        column: The column's name in the statement's ``RETURNING`` (as the database names it:
+            unquoted names are lower case).
+
+    Raises:
+        ConfigurationError: not a name PostgreSQL keeps as it is (empty, over 63 bytes, NUL).
+    """
+
+    __slots__ = ("column",)
+
+    def __init__(self, column: str) -> None:
+        try:
+            size = len(column.encode()) if isinstance(column, str) else 0
+        except UnicodeEncodeError:
+            size = 0  # a lone surrogate
+        # NAMEDATALEN - 1: a longer name would be truncated, and might name another column.
+        if not 0 < size <= 63 or "\x00" in column:
+            raise ConfigurationError(
+                "Returned(column): the column must be a name of 1 to 63 bytes of UTF-8, without NUL"
+            )
+        self.column = column
+
+    def __repr__(self) -> str:
+        return f"Returned({self.column!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Returned) and other.column == self.column
+
+    def __hash__(self) -> int:
+        return hash((Returned, self.column))
+
+
+class RowTemplate(NamedTuple):
+    """A message validated and encoded for a one-statement write: an outbox :class:`Row` whose
+    key and JSON values in the payload may be the business statement's returned columns.
+
+    Attributes:
+        row: The encoded message; its ``key`` is ``None`` when ``key`` is a column, its
+            ``payload`` empty when ``payload_columns`` is not.
+        key: The returned column that is the message's key, if any.
+        payload_columns: The returned columns in the JSON payload, in the order they appear.
+        payload_parts: The JSON text around them (one more than the columns): the payload is
+            ``parts[0] + json(columns[0]) + parts[1] + ...``, the columns' JSON written by the
+            database.
+    """
+
+    row: Row
+    key: Returned | None
+    payload_columns: tuple[Returned, ...]
+    payload_parts: tuple[str, ...]
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
@@ -135,6 +206,36 @@ def encode_payload(payload: object) -> tuple[bytes, str]:
         # ValueError covers NaN/Infinity, lone surrogates in a str payload and ints beyond
         # Python's digit limit; RecursionError a circular or too deeply nested structure.
         raise ConfigurationError(f"cannot serialize payload: {exc}") from exc
+
+
+def encode_payload_template(payload: object) -> tuple[tuple[str, ...], tuple[Returned, ...]]:
+    """Encode a JSON payload (dict, list, dataclass ...) whose values may be :class:`Returned`
+    columns, as :func:`encode_payload` does: the JSON text around the columns, and the columns
+    in the order they appear (a plain payload: its whole JSON, and no column).
+
+    Raises:
+        ConfigurationError: as :func:`encode_payload`.
+    """
+    columns: list[Returned] = []
+    # A stand-in for each column that no other value encodes to: random, and split off below.
+    token = f"outboxer-returned-{os.urandom(8).hex()}"
+
+    def default(value: Any) -> Any:
+        if isinstance(value, Returned):
+            columns.append(value)
+            return token
+        return _json_default(value)
+
+    encoder = json.JSONEncoder(
+        default=default, separators=(",", ":"), allow_nan=False, check_circular=False
+    )
+    try:
+        if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+            payload = dataclasses.asdict(payload)
+        text = encoder.encode(payload)
+    except (TypeError, ValueError, RecursionError, OverflowError) as exc:
+        raise ConfigurationError(f"cannot serialize payload: {exc}") from exc
+    return tuple(text.split(f'"{token}"')), tuple(columns)
 
 
 def encode_headers(headers: Mapping[str, str] | None) -> str:

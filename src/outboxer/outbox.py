@@ -2,7 +2,10 @@
 
 ``enqueue`` adds one row on the connection or session the application already uses for its
 business rows, so the message commits or rolls back with them; ``enqueue_many`` adds many in one
-round trip (or a few). Neither commits nor opens a transaction of its own.
+round trip (or a few). Neither commits nor opens a transaction of its own. The one-statement
+write (``with_message``, and :func:`outboxer.integrations.sqlalchemy.with_message`) puts the
+outbox INSERT into the business statement itself, on PostgreSQL; its key and payload members may
+be columns the business statement returns (:class:`Returned`), filled in by the database.
 
 This module knows no driver and holds no SQL: it turns arguments into a :class:`Row` and hands
 it to the writer of the connection's driver family (:mod:`outboxer.writers`, imported lazily).
@@ -27,24 +30,35 @@ far below PostgreSQL's b-tree entry limit (~2.7 kB) on the indexed id, key and t
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
 
 from outboxer._ids import new_message_id, new_message_ids
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
-from outboxer.message import Row, encode_headers, encode_payload
+from outboxer.message import (
+    JSON,
+    Returned,
+    Row,
+    RowTemplate,
+    encode_headers,
+    encode_payload,
+    encode_payload_template,
+)
 from outboxer.observability.propagation import TRACEPARENT, trace_headers
-from outboxer.writers import async_writer, sync_writer
+from outboxer.writers import async_writer, cte, sync_writer
 
 __all__ = [
     "MAX_TEXT_BYTES",
     "Outbox",
+    "Returned",
     "Row",
+    "RowTemplate",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "with_message",
 ]
 
 MAX_TEXT_BYTES = 255
@@ -187,6 +201,87 @@ class Outbox:
         """
         return _row(topic, payload, key, type, headers, id, available_at, trace=trace_headers())
 
+    def template(
+        self,
+        topic: str,
+        payload: object,
+        *,
+        key: str | int | Returned | None = None,
+        type: str | None = None,  # noqa: A002 - the contract's word for the event type
+        headers: Mapping[str, str] | None = None,
+        id: str | None = None,  # noqa: A002 - the contract's word for the message id
+        available_at: dt.datetime | dt.timedelta | None = None,
+    ) -> RowTemplate:
+        """:meth:`row` for a one-statement write: ``key``, and any value of a JSON ``payload``
+        (dict, list, dataclass), may be a :class:`Returned` column; everything else is checked
+        and encoded as :meth:`row` does.
+
+        Raises:
+            ConfigurationError: a value the outbox cannot store or publish.
+        """
+        parts: tuple[str, ...] = ()
+        columns: tuple[Returned, ...] = ()
+        json = not isinstance(payload, str | bytes | bytearray | memoryview) and not hasattr(
+            payload, "model_dump_json"
+        )
+        if json:  # (encoded here, handed to _row as bytes, its content type set back below)
+            parts, columns = encode_payload_template(payload)
+            payload = b"" if columns else parts[0].encode()
+        column = key if isinstance(key, Returned) else None
+        row = _row(
+            topic,
+            payload,
+            None if column else key,
+            type,
+            headers,
+            id,
+            available_at,
+            trace=trace_headers(),
+        )
+        if json:
+            row = row._replace(content_type=JSON)
+        return RowTemplate(row, column, columns, parts if columns else ())
+
+    def with_message(
+        self,
+        statement: str,
+        args: Sequence[Any] | Mapping[str, Any],
+        topic: str,
+        payload: object,
+        *,
+        driver: Literal["asyncpg", "psycopg"],
+        **options: Any,
+    ) -> tuple[str, list[Any] | dict[str, Any]]:
+        """The business ``statement`` and the INSERT of a message as ONE SQL statement, on
+        PostgreSQL: a write that costs no extra round trip (docs/configuration.md).
+
+        ``statement`` must end in ``RETURNING``: one message is written per row it returns (so
+        an ``INSERT ... ON CONFLICT DO NOTHING`` that inserts nothing writes no message), and
+        the combined statement returns those rows. It is never parsed: outboxer's parameters
+        are numbered after ``args``.
+
+        Args:
+            statement: The caller's ``INSERT``/``UPDATE``/``DELETE ... RETURNING ...`` in the
+                driver's parameter style (asyncpg ``$1``; psycopg ``%s``, or ``%(name)s`` with
+                a mapping of ``args``).
+            args: The parameters of ``statement``.
+            topic: As :meth:`enqueue`.
+            payload: As :meth:`enqueue`; the values of a dict may be :class:`Returned`.
+            driver: Whose parameter style to write outboxer's parameters in.
+            **options: As :meth:`enqueue`; ``key`` may be :class:`Returned`.
+
+        Returns:
+            The SQL and the parameters to execute it with (``args`` followed by outboxer's):
+            ``await conn.fetch(sql, *params)`` on asyncpg, ``cursor.execute(sql, params)`` on
+            psycopg.
+
+        Raises:
+            ConfigurationError: a refused value (before any SQL), or an unknown ``driver``.
+        """
+        return cte.with_message(
+            self.names, statement, args, self.template(topic, payload, **options), driver
+        )
+
     def rows(self, messages: Iterable[Mapping[str, Any]]) -> list[Row]:
         """Validate and encode every message of ``messages`` before anything is written.
 
@@ -289,3 +384,17 @@ def enqueue_many(conn: Any, messages: Iterable[Mapping[str, Any]]) -> list[str]:
 async def enqueue_many_async(conn: Any, messages: Iterable[Mapping[str, Any]]) -> list[str]:
     """Async twin of :func:`enqueue_many`; see ``Outbox.enqueue_many_async``."""
     return await _default.enqueue_many_async(conn, messages)
+
+
+def with_message(
+    statement: str,
+    args: Sequence[Any] | Mapping[str, Any],
+    topic: str,
+    payload: object,
+    *,
+    driver: Literal["asyncpg", "psycopg"],
+    **options: Any,
+) -> tuple[str, list[Any] | dict[str, Any]]:
+    """One statement for the business write and a message of the default outbox; see
+    ``Outbox.with_message``."""
+    return _default.with_message(statement, args, topic, payload, driver=driver, **options)

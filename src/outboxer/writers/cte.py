@@ -1,0 +1,150 @@
+"""The one-statement write in raw SQL, on PostgreSQL: the business statement and the outbox
+INSERT as one data-modifying CTE, in asyncpg's or psycopg's parameter style.
+
+::
+
+    WITH outboxer_business AS (<the caller's INSERT ... RETURNING ...>),
+         outboxer_message AS (
+             INSERT INTO <outbox> (id, topic, key, type, payload, content_type, headers,
+                                   available_at)
+             SELECT $3, $4, ..., COALESCE($10, now()) FROM outboxer_business AS b)
+    SELECT * FROM outboxer_business
+
+One round trip instead of two. The caller's statement is never parsed: outboxer's parameters
+are numbered after the caller's (asyncpg ``$n``), appended (psycopg ``%s``) or named
+``outboxer_n`` (psycopg ``%(name)s``). One message per returned row, and the statement returns
+what the caller's returned. Every parameter is cast to its column's type: the types of a
+``SELECT``'s output are not taken from the INSERT's columns, and the headers travel as text so
+that an application's own ``jsonb`` codec changes nothing (see :mod:`outboxer.writers.asyncpg`).
+
+A returned column inside the JSON payload is written by the database (``to_json(column)``)
+between the JSON text outboxer encoded around it: the payload is the same bytes ``enqueue``
+would write, but for the column's value as PostgreSQL writes it in JSON (numbers as numbers,
+text and times as strings). The SQL text depends only on which columns are used, so it is built
+once per shape and the drivers' prepared-statement caches keep it. MariaDB and MySQL have no
+data-modifying CTE (and SQLite's INSERT cannot be one): there, ``enqueue`` in the same
+transaction is the way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from outboxer.errors import ConfigurationError
+from outboxer.message import RowTemplate
+from outboxer.writers import columns
+
+if TYPE_CHECKING:
+    from outboxer.config import TableNames
+
+__all__ = ["BUSINESS", "MESSAGE", "outbox_insert", "with_message"]
+
+BUSINESS = "outboxer_business"
+"""The CTE holding the caller's statement."""
+MESSAGE = "outboxer_message"
+"""The CTE holding the outbox INSERT."""
+
+
+#: How each parameter style writes outboxer's ``n``-th parameter and its cast.
+_PLACEHOLDERS: dict[str, Callable[[int, str], str]] = {
+    "$n": lambda n, type_: f"${n}::{type_}",
+    "%s": lambda n, type_: f"%s::{type_}",
+    "%(name)s": lambda n, type_: f"%(outboxer_{n})s::{type_}",
+    ":name": lambda n, type_: f"CAST(:outboxer_{n} AS {type_})",  # (SQLAlchemy's text())
+}
+
+
+def _column(column: str) -> str:
+    quoted = column.replace('"', '""')  # a quoted identifier holds any name safely
+    return f'b."{quoted}"'
+
+
+@cache
+def _insert(
+    names: TableNames, key: str | None, payload: tuple[str, ...], style: str, first: int
+) -> tuple[str, tuple[str, ...]]:
+    """The SQL and the parameters' types, once per outbox, returned columns (the key's, the
+    payload's), parameter style and first number: the SQL depends on nothing else. The
+    parameters are those of :func:`_values`, in the same order."""
+    types: list[str] = []
+
+    def param(type_: str) -> str:
+        types.append(type_)
+        return _PLACEHOLDERS[style](first + len(types) - 1, type_)
+
+    items = [param("text"), param("text")]  # id, topic
+    items.append(f"{_column(key)}::text" if key else param("text"))
+    items.append(param("text"))  # type
+    if payload:  # the JSON text around each column, the column as the database writes JSON
+        joined = "".join(f"{param('text')} || to_json({_column(c)})::text || " for c in payload)
+        items.append(f"convert_to({joined}{param('text')}, 'UTF8')")
+    else:
+        items.append(param("bytea"))
+    items.append(param("text"))  # content type
+    items.append(f"{param('text')}::jsonb")  # headers, as text: see the module docstring
+    items.append(f"COALESCE({param('timestamptz')}, now())")
+    sql = (
+        f"INSERT INTO {names.qualified()} ({columns()}) SELECT {', '.join(items)} "
+        f"FROM {BUSINESS} AS b"
+    )
+    return sql, tuple(types)
+
+
+def _values(template: RowTemplate) -> list[Any]:
+    """The parameters of :func:`_insert`'s SQL, in its order."""
+    row = template.row
+    values: list[Any] = [row.id, row.topic]
+    if template.key is None:
+        values.append(row.key)
+    values.append(row.type)
+    if template.payload_columns:
+        values += template.payload_parts
+    else:
+        values.append(row.payload)
+    values += (row.content_type, row.headers, row.available_at)
+    return values
+
+
+def outbox_insert(
+    names: TableNames, template: RowTemplate, style: str, first: int = 1
+) -> tuple[str, list[Any], tuple[str, ...]]:
+    """The INSERT of the outbox row, selecting from the business statement's CTE (``b``), its
+    parameters' values and their PostgreSQL types, in order; the parameters are numbered from
+    ``first`` in ``style``: ``"$n"`` (asyncpg), ``"%s"``, ``"%(name)s"`` (psycopg; named
+    ``outboxer_<n>``) or ``":name"`` (SQLAlchemy's ``text()``)."""
+    key = template.key.column if template.key else None
+    payload = tuple(column.column for column in template.payload_columns)
+    sql, types = _insert(names, key, payload, style, first)
+    return sql, _values(template), types
+
+
+def with_message(
+    names: TableNames,
+    statement: str,
+    args: Sequence[Any] | Mapping[str, Any],
+    template: RowTemplate,
+    driver: str,
+) -> tuple[str, list[Any] | dict[str, Any]]:
+    """The SQL of the module docstring and its parameters, ``args`` first."""
+    if driver not in ("asyncpg", "psycopg"):
+        raise ConfigurationError(f"driver must be 'asyncpg' or 'psycopg', not {driver!r}")
+    if isinstance(args, Mapping):
+        if driver == "asyncpg":
+            raise ConfigurationError("asyncpg takes positional parameters ($1): pass a sequence")
+        named = dict(args)
+        if any(name.startswith("outboxer_") for name in named):
+            raise ConfigurationError("parameter names starting with 'outboxer_' are outboxer's")
+        insert, values, _ = outbox_insert(names, template, "%(name)s")
+        named.update((f"outboxer_{n}", value) for n, value in enumerate(values, 1))
+        return _statement(statement, insert), named
+    positional = list(args)
+    style = "$n" if driver == "asyncpg" else "%s"
+    insert, values, _ = outbox_insert(names, template, style, len(positional) + 1)
+    positional += values
+    return _statement(statement, insert), positional
+
+
+def _statement(statement: str, insert: str) -> str:
+    return f"WITH {BUSINESS} AS ({statement}), {MESSAGE} AS ({insert}) SELECT * FROM {BUSINESS}"

@@ -1,0 +1,302 @@
+"""The one-statement write: the business statement and the outbox INSERT as one statement.
+
+For raw SQL on asyncpg and psycopg (positional and named parameters) and for SQLAlchemy Core
+(sync on psycopg, async on asyncpg), on real PostgreSQL: the message lands with the returned
+columns filled in and a relay delivers it; the business row and the message commit or roll back
+together; an insert that inserts nothing writes no message; every refused value raises before
+any SQL and leaves the transaction usable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+import outboxer
+from outboxer import Returned
+from outboxer.errors import ConfigurationError, OutboxerError
+from outboxer.integrations.sqlalchemy import with_message
+from outboxer.message import JSON
+from outboxer.stores.postgres import PostgresStore
+from tests.conftest import wait_past_commit_gate
+from tests.integration.test_write_api import BAD_CALLS, Rollback, circular, delivered_ids
+
+# write(customer, topic, payload, conflict=..., **options) -> the ids the business INSERT returned
+Write = Callable[..., Awaitable[list[int]]]
+
+
+@dataclasses.dataclass
+class Shop:
+    """A schema with an ``orders`` table and the outbox."""
+
+    url: str
+    schema: str
+    store: PostgresStore
+    kind: Callable[[Shop], contextlib.AbstractAsyncContextManager[Write]]
+
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[Write]:
+        """A transaction on a connection of this kind, committed when the block ends."""
+        return self.kind(self)
+
+    @property
+    def outbox(self) -> outboxer.Outbox:
+        return outboxer.Outbox(schema=self.schema)
+
+    def insert_sql(self, placeholder: str, conflict: bool) -> str:
+        on_conflict = " ON CONFLICT (customer) DO NOTHING" if conflict else ""
+        return (
+            f'INSERT INTO "{self.schema}".orders (customer) VALUES ({placeholder})'
+            f"{on_conflict} RETURNING id"
+        )
+
+    def orders(self) -> sa.Table:
+        return sa.Table(
+            "orders",
+            sa.MetaData(),
+            sa.Column("id", sa.BigInteger, primary_key=True),
+            sa.Column("customer", sa.Text),
+            schema=self.schema,
+        )
+
+    def insert(self, customer: str, conflict: bool) -> Any:
+        orders = self.orders()
+        if conflict:
+            return (
+                postgresql.insert(orders)
+                .values(customer=customer)
+                .on_conflict_do_nothing()
+                .returning(orders.c.id)
+            )
+        return sa.insert(orders).values(customer=customer).returning(orders.c.id)
+
+    async def committed(self) -> tuple[list[tuple[int, str]], list[dict[str, Any]]]:
+        """The orders and the outbox rows, each in write order."""
+        orders = await self.store.execute(
+            f'SELECT id, customer FROM "{self.schema}".orders ORDER BY id'
+        )
+        messages = await self.store.execute(
+            "SELECT id, topic, key, type, payload, content_type, headers::text AS headers, "
+            "available_at > now() AS delayed FROM {outbox} ORDER BY seq"
+        )
+        return [(r["id"], r["customer"]) for r in orders], [
+            {**r, "payload": bytes(r["payload"]), "headers": json.loads(r["headers"])}
+            for r in messages
+        ]
+
+
+@contextlib.asynccontextmanager
+async def asyncpg_raw(shop: Shop) -> AsyncIterator[Write]:
+    conn = await asyncpg.connect(shop.url)
+    try:
+        async with conn.transaction():
+
+            async def write(customer: str, topic: str, payload: object, **options: Any) -> Any:
+                conflict = options.pop("conflict", False)
+                sql, args = shop.outbox.with_message(
+                    shop.insert_sql("$1", conflict),
+                    [customer],
+                    topic,
+                    payload,
+                    driver="asyncpg",
+                    **options,
+                )
+                return [r["id"] for r in await conn.fetch(sql, *args)]
+
+            yield write
+    finally:
+        await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def psycopg_raw(shop: Shop, named: bool = False) -> AsyncIterator[Write]:
+    with psycopg.connect(shop.url) as conn, conn.transaction():
+
+        async def write(customer: str, topic: str, payload: object, **options: Any) -> Any:
+            conflict = options.pop("conflict", False)
+            sql, args = shop.outbox.with_message(
+                shop.insert_sql("%(customer)s" if named else "%s", conflict),
+                {"customer": customer} if named else [customer],
+                topic,
+                payload,
+                driver="psycopg",
+                **options,
+            )
+            return [r[0] for r in conn.execute(sql, args).fetchall()]
+
+        yield write
+
+
+@contextlib.asynccontextmanager
+async def psycopg_named(shop: Shop) -> AsyncIterator[Write]:
+    async with psycopg_raw(shop, named=True) as write:
+        yield write
+
+
+@contextlib.asynccontextmanager
+async def sqlalchemy_session(shop: Shop) -> AsyncIterator[Write]:
+    engine = sa.create_engine(shop.url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with Session(engine) as session, session.begin():
+
+            async def write(customer: str, topic: str, payload: object, **options: Any) -> Any:
+                statement = shop.insert(customer, options.pop("conflict", False))
+                statement = with_message(statement, topic, payload, outbox=shop.outbox, **options)
+                return list(session.execute(statement).scalars())
+
+            yield write
+    finally:
+        engine.dispose()
+
+
+@contextlib.asynccontextmanager
+async def sqlalchemy_async_session(shop: Shop) -> AsyncIterator[Write]:
+    engine = create_async_engine(shop.url.replace("postgresql://", "postgresql+asyncpg://"))
+    try:
+        async with AsyncSession(engine) as session, session.begin():
+
+            async def write(customer: str, topic: str, payload: object, **options: Any) -> Any:
+                statement = shop.insert(customer, options.pop("conflict", False))
+                statement = with_message(statement, topic, payload, outbox=shop.outbox, **options)
+                return list((await session.execute(statement)).scalars())
+
+            yield write
+    finally:
+        await engine.dispose()
+
+
+KINDS = [asyncpg_raw, psycopg_raw, psycopg_named, sqlalchemy_session, sqlalchemy_async_session]
+
+
+@pytest.fixture(params=KINDS, ids=lambda kind: kind.__name__)
+async def shop(
+    request: pytest.FixtureRequest, pg_url: str, pg_schema: str, pg_store: PostgresStore
+) -> Shop:
+    await pg_store.execute(
+        f'CREATE TABLE "{pg_schema}".orders (id bigserial PRIMARY KEY, customer text UNIQUE)'
+    )
+    return Shop(pg_url, pg_schema, pg_store, request.param)
+
+
+async def test_the_message_lands_with_the_returned_columns_and_is_delivered(shop: Shop) -> None:
+    when = dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    async with shop.transaction() as write:
+        [first] = await write(
+            "c-1",
+            "orders",
+            {"order_id": Returned("id"), "customer": "c-1", "lines": [{"of": Returned("id")}]},
+            key=Returned("id"),
+            type="OrderCreated",
+            headers={"h": "v"},
+        )
+        [second] = await write("c-2", "orders", {"n": 2}, key="fixed", id="m-2")
+        [third] = await write("c-3", "later", "text", available_at=when)
+    orders, (created, constant, later) = await shop.committed()
+    assert orders == [(first, "c-1"), (second, "c-2"), (third, "c-3")]
+    assert (created["topic"], created["key"], created["type"]) == (
+        "orders",
+        str(first),
+        "OrderCreated",
+    )
+    assert (created["content_type"], created["headers"]) == (JSON, {"h": "v"})
+    # the bytes enqueue would write, the database writing the returned values
+    expected = f'{{"order_id":{first},"customer":"c-1","lines":[{{"of":{first}}}]}}'
+    assert created["payload"] == expected.encode()
+    # without returned columns: byte for byte what enqueue writes
+    assert (constant["id"], constant["key"], constant["payload"]) == ("m-2", "fixed", b'{"n":2}')
+    assert (later["topic"], later["payload"], later["delayed"]) == ("later", b"text", True)
+    assert not created["delayed"]
+    # the relay delivers what is due
+    await wait_past_commit_gate(shop.store)
+    assert await delivered_ids(shop.store) == {created["id"], "m-2"}
+
+
+async def test_the_business_row_and_the_message_roll_back_together(shop: Shop) -> None:
+    with contextlib.suppress(Rollback):
+        async with shop.transaction() as write:
+            assert len(await write("gone", "orders", {"id": Returned("id")})) == 1
+            raise Rollback
+    assert await shop.committed() == ([], [])
+
+
+async def test_an_insert_that_inserts_nothing_writes_no_message(shop: Shop) -> None:
+    async with shop.transaction() as write:
+        [order] = await write("c-1", "orders", {"id": Returned("id")}, conflict=True)
+        assert await write("c-1", "orders", {"id": Returned("id")}, conflict=True) == []
+    orders, messages = await shop.committed()
+    assert orders == [(order, "c-1")]
+    assert [json.loads(m["payload"]) for m in messages] == [{"id": order}]
+
+
+REFUSED: list[dict[str, Any]] = [
+    *BAD_CALLS,
+    {"topic": "t", "payload": {"n": Returned("id"), "x": float("nan")}},
+    {"topic": "t", "payload": [Returned("id"), circular()]},
+    {"topic": Returned("id"), "payload": {}},
+    {"topic": "t", "payload": {}, "type": Returned("id")},
+]
+
+
+async def test_refused_values_raise_before_any_sql(shop: Shop) -> None:
+    async with shop.transaction() as write:
+        for call in REFUSED:
+            with pytest.raises(OutboxerError):
+                await write("c-1", **call)
+        # on PostgreSQL a failed statement would have aborted the transaction
+        [kept] = await write("c-1", "t", {"id": Returned("id")}, key=Returned("id"))
+    orders, messages = await shop.committed()
+    assert orders == [(kept, "c-1")]
+    assert [m["key"] for m in messages] == [str(kept)]
+
+
+@pytest.mark.parametrize("column", ["", "x" * 64, "a\x00b", 5])
+def test_a_returned_column_must_be_a_name_postgresql_keeps(column: Any) -> None:
+    with pytest.raises(ConfigurationError, match="Returned"):
+        Returned(column)
+
+
+def test_the_driver_and_its_parameter_style_are_checked() -> None:
+    with pytest.raises(ConfigurationError, match="'asyncpg' or 'psycopg'"):
+        outboxer.with_message("INSERT ... RETURNING id", [], "t", {}, driver="mysql")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="positional"):
+        outboxer.with_message("INSERT ... RETURNING id", {"a": 1}, "t", {}, driver="asyncpg")
+    with pytest.raises(ConfigurationError, match="outboxer_"):
+        outboxer.with_message("...", {"outboxer_1": 1}, "t", {}, driver="psycopg")
+
+
+def test_parameters_are_numbered_after_the_callers() -> None:
+    sql, args = outboxer.with_message(
+        "INSERT INTO orders (a, b) VALUES ($1, $2) RETURNING id",
+        ["a", "b"],
+        "orders",
+        {"id": Returned("Order Id"), "n": 1},
+        key=Returned("id"),
+        id="m",
+        driver="asyncpg",
+    )
+    assert args == ["a", "b", "m", "orders", None, '{"id":', ',"n":1}', JSON, "{}", None]
+    assert '$3::text, $4::text, b."id"::text, $5::text, ' in sql
+    assert """convert_to($6::text || to_json(b."Order Id")::text || $7::text, 'UTF8')""" in sql
+    assert sql.endswith("SELECT * FROM outboxer_business")
+
+
+def test_sqlalchemy_needs_returning_and_only_returned_columns() -> None:
+    orders = sa.table("orders", sa.column("id"), sa.column("customer"))
+    with pytest.raises(ConfigurationError, match="returning"):
+        with_message(sa.insert(orders).values(customer="c"), "t", {})
+    with pytest.raises(ConfigurationError, match="returning"):
+        with_message(sa.select(orders), "t", {})  # type: ignore[arg-type]
+    statement = sa.insert(orders).values(customer="c").returning(orders.c.id)
+    with pytest.raises(ConfigurationError, match=r"Returned\('customer'\).*\['id'\]"):
+        with_message(statement, "t", {}, key=Returned("customer"))
