@@ -62,10 +62,34 @@ def backlog(data: dict[str, Any]) -> None:
     fig.savefig(IMG / "backlog.png", dpi=110)
 
 
+def peers(data: dict[str, Any]) -> None:
+    rows = data["rows"]
+    series = [
+        ("outboxer unordered", "unordered"),
+        ("outboxer ordered (default)", "ordered"),
+        ("txoutbox", "txoutbox"),
+    ]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.27
+    for n, (label, key) in enumerate(series):
+        xs = [i + (n - 1) * width for i in range(len(rows))]
+        ax.bar(xs, [r[key] / 1000 for r in rows], width, label=label)
+    ax.set_xticks(range(len(rows)), [r["broker"] for r in rows])
+    ax.set_ylabel("thousand messages / s")
+    ax.set_title(
+        f"{data['count']:,} pre-filled messages, {data['keys']:,} keys, one relay process, 2 cores"
+    )
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(IMG / "peers.png", dpi=110)
+
+
 def main() -> None:
     IMG.mkdir(parents=True, exist_ok=True)
     if (data := load("brokers")) is not None:
         brokers(data)
+    if (data := load("peers")) is not None:
+        peers(data)
     scaling = load("scaling") or load("scaling_backlog")
     if scaling is not None and "backlog" in scaling:
         backlog(scaling["backlog"])
