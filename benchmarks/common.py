@@ -102,11 +102,13 @@ async def drain_rate(schema: str, publisher: Any, settings: RelaySettings, count
         return await drain_store(store, publisher, settings, count)
 
 
-async def drain_store(store: Any, publisher: Any, settings: RelaySettings, count: int) -> float:
+async def drain_store(
+    store: Any, publisher: Any, settings: RelaySettings, count: int, timeout: float = 600
+) -> float:
     """msg/s of one relay draining ``store`` (open, pre-filled with ``count`` messages)."""
     relay = Relay(store, publisher, settings)
     started = time.perf_counter()
-    counters = await relay.drain(timeout=600)
+    counters = await relay.drain(timeout=timeout)
     elapsed = time.perf_counter() - started
     if counters.published != count:
         raise RuntimeError(f"published {counters.published} of {count}")

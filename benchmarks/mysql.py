@@ -192,6 +192,8 @@ class TimedNullPublisher(NullPublisher):
         self.published += len(messages)
         while self.published >= self.total * len(self.marks) // 10 and len(self.marks) <= 10:
             self.marks.append(time.perf_counter())
+            rate = self.total / 10 / (self.marks[-1] - self.marks[-2])
+            print(f"  tenth {len(self.marks) - 1}: {rate:.0f} msg/s", file=sys.stderr, flush=True)
         return [None] * len(messages)
 
 
@@ -220,7 +222,8 @@ async def backlog(ordered: bool) -> dict[str, Any]:
         async with store() as opened:
             if ordered:
                 blocked["every_key_in_flight_claim_ms"] = await blocked_claim_ms(opened)
-            await drain_store(opened, publisher, RelaySettings(ordered=ordered), total)
+            print(f"  filled, {blocked}", file=sys.stderr, flush=True)
+            await drain_store(opened, publisher, RelaySettings(ordered=ordered), total, 3600)
     tenth = total / 10
     rates = [round(tenth / (b - a)) for a, b in itertools.pairwise(publisher.marks)]
     return {"backlog": total, "msg_per_s_by_tenth": rates, **blocked}

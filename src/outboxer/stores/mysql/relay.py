@@ -1,13 +1,13 @@
 """What the relay asks of the MySQL store: claims, settlements, leases, the doorbell, the
 registry.
 
-A claim is two round trips in one short transaction: lock the candidates (``FOR UPDATE SKIP
+A claim is a few round trips in one short transaction: lock the candidates (``FOR UPDATE SKIP
 LOCKED``, full rows returned), then lease the kept ones and commit (MySQL has no ``UPDATE ...
-RETURNING``). Ordered claims decide which candidates to keep here, from the ``position`` the query
-returns (see ``claim_ordered`` in queries.sql and docs/adr/0003-mysql-commit-order.md), and
-first find where the claimable keys begin (``claim_heads``), so that a claim never walks the
-rows of keys still in flight: with every key in flight, a scan from the front of the table read
-the whole backlog to find nothing.
+RETURNING``). Ordered claims decide here which candidates to keep, from the ``head`` and
+``next_seq`` the query returns (``claim_ordered`` in queries.sql, docs/adr/0003), and look at the
+front of the table first, then behind it from the claimable key heads (``claim_heads``): a claim
+never walks the rows of keys in flight (with every key in flight, a scan from the front read the
+whole backlog to find nothing).
 """
 
 from __future__ import annotations
@@ -84,15 +84,16 @@ def seq_ranges(heads: Sequence[int], width: int) -> str:
 def keep_in_order(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The candidates of an ordered claim that may be leased now.
 
-    Unkeyed rows are always kept. A key's candidates are kept from its first one for as long as
-    each one's ``position`` (the rows of its key up to it, uncommitted rows included) equals its
-    rank among the candidates of that key: every earlier row of the key is in this batch. After
-    the first candidate that fails, none of its key is kept. The positions are not read from
-    one snapshot (``READ UNCOMMITTED`` reads each row as it is at that instant), so a later
-    candidate may match where an earlier one did not, because a row of its key vanished (an
-    acknowledgement committed) between the two reads: taking it would skip the earlier one.
+    Unkeyed rows are always kept. A key's candidates are kept as a chain from its first one:
+    the first only if it is the key's ``head`` (its oldest row, uncommitted rows included), each
+    next one only if it is the ``next_seq`` of the one before (the row of the key that follows
+    it): every earlier row of the key is in this batch. After the first candidate that fails,
+    none of its key is kept. The probes are not read from one snapshot (``READ UNCOMMITTED``
+    reads each row as it is at that instant), so a later candidate may pass where an earlier one
+    did not, because a row of its key vanished (an acknowledgement committed) between the two
+    reads: taking it would skip the earlier one.
     """
-    rank: dict[bytes, int] = {}
+    expected: dict[bytes, int] = {}
     stopped: set[bytes] = set()
     kept = []
     for row in sorted(rows, key=lambda r: r["seq"]):
@@ -102,9 +103,9 @@ def keep_in_order(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         if key in stopped:
             continue
-        rank[key] = rank.get(key, 0) + 1
-        if row["position"] == rank[key]:
+        if row["seq"] == expected.get(key, row["head"]):
             kept.append(row)
+            expected[key] = row["next_seq"]
         else:
             stopped.add(key)
     return kept

@@ -11,7 +11,7 @@
 -- The transaction runs at READ COMMITTED or lower, so InnoDB locks no gaps and releases the rows
 -- it read but did not return.
 SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
-       o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths, 0 AS position
+       o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths
 FROM {outbox} o
 WHERE o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6) AND o.lease_expiries = 0
 ORDER BY o.seq
@@ -37,24 +37,30 @@ JOIN {outbox} o ON o.seq = h.head
 
 -- name: claim_ordered
 -- Per-key order with any number of relays (docs/adr/0001 and 0003). Runs in a READ UNCOMMITTED
--- transaction: the two subqueries below are plain (non-locking) reads, so they also see rows
--- that other transactions have inserted but not committed yet. That is the commit-order gate.
+-- transaction: the subqueries below are plain (non-locking) reads, so they also see rows that
+-- other transactions have inserted but not committed yet. That is the commit-order gate.
 --  1. Candidates are the oldest claimable rows whose key's head (its oldest row, committed or
 --     not) is neither leased nor waiting: rows behind a blocked head are skipped, so a failing
 --     message never holds back other keys, and blocked rows do not fill the batch.
---  2. position = how many rows of the key there are up to this one, uncommitted rows included.
---     The store keeps a candidate only if position equals its rank among this claim's
---     candidates of that key, i.e. every earlier row of the key is in this very batch. A row
---     locked by another relay (SKIP LOCKED), a delayed row, and a row whose transaction has not
---     committed all break that equality: an auto-increment value handed to a slower transaction
---     is never overtaken by a later row of its key.
+--  2. head = the key's oldest row and next_seq = the row of the key that follows this one,
+--     uncommitted rows included. The store keeps a key's first candidate only if it is the head,
+--     and each further one only if it is next_seq of the one before: every earlier row of the
+--     key is in this very batch. A row locked by another relay (SKIP LOCKED), a delayed row, and
+--     a row whose transaction has not committed all break that chain: an auto-increment value
+--     handed to a slower transaction is never overtaken by a later row of its key.
+--     Both probes read the (key, seq) index in seq order from the key's first entry and stop at
+--     the first match: they cost the candidate's place in its key, not the key's backlog (a
+--     count of the rows up to the candidate read all of them: InnoDB cannot seek to an outer
+--     row's seq in a correlated subquery, so the count walked the key to its end).
 -- The ranges placeholder bounds the scan to primary-key ranges, so that the rows of keys in
 -- flight are not walked (relay.py, _claim_ordered): the front of the table; behind it, keyed rows
 -- in the ranges that start at the claimable heads found by claim_heads (claim_unkeyed takes the
 -- unkeyed rows); or all of the rest. It only narrows the candidates, so it cannot break 2.
 SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
        o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths,
-       (SELECT count(*) FROM {outbox} k WHERE k.`key` = o.`key` AND k.seq <= o.seq) AS position
+       (SELECT h.seq FROM {outbox} h WHERE h.`key` = o.`key` ORDER BY h.seq LIMIT 1) AS head,
+       (SELECT n.seq FROM {outbox} n WHERE n.`key` = o.`key` AND n.seq > o.seq
+        ORDER BY n.seq LIMIT 1) AS next_seq
 FROM {outbox} o
 WHERE ({ranges})
   AND o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6) AND o.lease_expiries = 0
@@ -82,7 +88,7 @@ o.seq > (SELECT MIN(f.seq) FROM {outbox} f) + %(front)s
 -- The unkeyed rows of a bounded ordered claim (they have no order to keep, and may lie anywhere
 -- behind the keyed ranges): the oldest claimable ones, from the NULL end of the (key, seq) index.
 SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
-       o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths, 0 AS position
+       o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths
 FROM {outbox} o
 WHERE o.`key` IS NULL
   AND o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6) AND o.lease_expiries = 0
@@ -94,7 +100,7 @@ FOR UPDATE SKIP LOCKED
 -- Crash isolation (0005), first in the claim's transaction: a suspect (a message whose lease
 -- expired) is claimed alone, and then the claim is only that.
 SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
-       o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths, 0 AS position
+       o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths
 FROM {outbox} o
 WHERE o.lease_expiries > 0 AND o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6)
 ORDER BY o.seq
@@ -102,9 +108,9 @@ LIMIT 1
 FOR UPDATE SKIP LOCKED
 
 -- name: claim_suspect_ordered
--- The same, for a suspect that heads its key (position 1).
+-- The same, for a suspect that heads its key.
 SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
-       o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths, 1 AS position
+       o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths
 FROM {outbox} o
 WHERE o.lease_expiries > 0 AND o.claim_token IS NULL AND o.available_at <= UTC_TIMESTAMP(6)
   AND (o.`key` IS NULL OR NOT EXISTS (
