@@ -28,7 +28,7 @@ import pytest
 from django.conf import settings
 
 import django
-from tests.conftest import PG_URL
+from tests.conftest import PG_URL, require_service
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "django_shop"
 
@@ -103,6 +103,15 @@ def relay_until_empty(alias: str | None = None) -> None:
             await Relay(store, publisher, settings).drain(timeout=60)
 
     asyncio.run(drain())
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings: None) -> None:
+    """Runs before pytest-django creates the test databases (pytest-django's own fixture, the
+    xdist suffix, first): a stopped PostgreSQL or MariaDB fails each test with the command that
+    starts it, instead of a driver's connection error."""
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    require_service("MariaDB", "127.0.0.1", 3306)
 
 
 @pytest.fixture(autouse=True)
