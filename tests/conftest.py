@@ -133,7 +133,11 @@ async def mysql_database(mysql_url: str) -> AsyncIterator[str]:
     try:
         async with conn.cursor() as cur:
             await cur.execute(f"CREATE DATABASE `{name}`")
-        yield name
+    finally:
+        conn.close()
+    yield name
+    conn = await mysql_connect()  # a new connection: the test may have restarted the server
+    try:
         async with conn.cursor() as cur:
             await cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
     finally:

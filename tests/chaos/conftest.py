@@ -1,5 +1,5 @@
 """Chaos tests run real relay processes and are marked ``chaos``: ``make test`` runs them after
-the parallel part, one at a time, because one of them restarts PostgreSQL."""
+the parallel part, one at a time, because two of them restart PostgreSQL and MariaDB."""
 
 from __future__ import annotations
 
