@@ -45,6 +45,7 @@ __all__ = [
     "DatabaseStore",
     "FailurePolicy",
     "failure_reason",
+    "keeps_key_order",
     "log_last_sweep",
     "InboxHandler",
     "InboxReceipt",
@@ -556,6 +557,16 @@ class Publisher(Protocol):
     to do (retry later, dead-letter, or back off because the broker is down). It may also raise
     ``BrokerUnavailable`` for the whole batch. A publisher must be usable as an async context
     manager that opens and closes its connections.
+
+    **Per-key order within a call** (optional capability, see :func:`keeps_key_order`): a
+    publisher whose broker stores the messages of one call that share a key in the order of the
+    call (it writes them in input order over one ordered path: a Kafka partition of one
+    idempotent producer, one AMQP channel, one NATS connection, one Redis pipeline) declares the
+    class attribute ``keeps_key_order = True``. In ordered mode the relay then publishes a key's
+    whole run of a batch in one call, and settles every message of a key behind a failed one as
+    not yet published (docs/adr/0006-pipelined-key-runs.md). A publisher without it gets at
+    most one message per key per call (the relay publishes a run in *waves*), so it may send
+    the messages of a call concurrently.
     """
 
     async def __aenter__(self) -> Publisher: ...
@@ -563,6 +574,17 @@ class Publisher(Protocol):
     async def __aexit__(self, *exc_info: object) -> None: ...
 
     async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]: ...
+
+
+def keeps_key_order(publisher: Publisher) -> bool:
+    """Whether ``publisher`` declares that the broker keeps, for the messages of one call that
+    share a key, the order of the call (``keeps_key_order = True``; see :class:`Publisher`).
+
+    A capability rather than a method of the port, so that a publisher written before it (or
+    one that sends a call's messages concurrently, such as in-process async handlers) needs no
+    change and keeps the safe default: waves of one message per key.
+    """
+    return getattr(publisher, "keeps_key_order", False) is True
 
 
 # -- the receiving side ------------------------------------------------------------------------

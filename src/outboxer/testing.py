@@ -671,11 +671,22 @@ class RecordingPublisher:
     Args:
         fail: Optional function deciding a message's fate: return ``None`` to acknowledge, or a
             ``PublishError`` to report (it is called on every attempt).
+        keeps_key_order: Behave like a broker that keeps a call's order per key (Kafka,
+            RabbitMQ, NATS, Redis): the relay then gives it a key's whole run in one call, and,
+            as those brokers do, a message behind a failed one of its key is still recorded in
+            ``messages`` (the relay publishes it again after the failed one: a duplicate).
+            ``False`` (the default): one message per key per call (the relay's waves).
     """
 
-    def __init__(self, fail: Callable[[Message], PublishError | None] | None = None) -> None:
+    def __init__(
+        self,
+        fail: Callable[[Message], PublishError | None] | None = None,
+        *,
+        keeps_key_order: bool = False,
+    ) -> None:
         self.messages: list[Message] = []
         self.attempts: list[Message] = []
+        self.keeps_key_order = keeps_key_order
         self._fail = fail
 
     async def __aenter__(self) -> RecordingPublisher:

@@ -18,7 +18,7 @@ from outboxer.errors import (
     RetryablePublishError,
 )
 from outboxer.message import Message
-from outboxer.ports import ClaimRequest, DeadLetterFilter, SweepReport
+from outboxer.ports import Claim, ClaimRequest, DeadLetterFilter, Settlement, SweepReport
 from outboxer.relay import Relay
 from outboxer.testing import InMemoryStore, RecordingPublisher
 
@@ -84,6 +84,85 @@ async def test_failing_message_blocks_only_its_own_key_and_order_holds() -> None
     # "slow" n=2..4 were never attempted before n=1 succeeded
     attempts = [m.json()["n"] for m in publisher.attempts if m.key == "slow"]
     assert attempts == [0, 1, 1, 1, 2, 3, 4]
+
+
+class SettleLog(InMemoryStore):
+    """The in-memory store, recording every settlement in the order the relay applied them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settlements: list[Settlement] = []
+
+    async def settle(self, claim: Claim, settlement: Settlement) -> None:
+        self.settlements.append(settlement)
+        await super().settle(claim, settlement)
+
+    def published(self) -> list[str]:
+        return [i for s in self.settlements for i in s.published]
+
+
+class CallSizes(RecordingPublisher):
+    def __init__(self, *, keeps_key_order: bool) -> None:
+        super().__init__(keeps_key_order=keeps_key_order)
+        self.calls: list[int] = []
+
+    async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+        self.calls.append(len(messages))
+        return await super().publish(messages)
+
+
+@pytest.mark.parametrize("keeps_key_order", [True, False])
+async def test_a_keys_run_is_one_call_only_for_a_publisher_that_keeps_key_order(
+    keeps_key_order: bool,
+) -> None:
+    store = InMemoryStore()
+    ids = [store.enqueue("t", {"n": n}, key="one-key") for n in range(30)]
+    publisher = CallSizes(keeps_key_order=keeps_key_order)
+    await Relay(store, publisher, settings(batch_size=30)).drain(timeout=5)
+    assert [m.id for m in publisher.messages] == ids
+    # Waves: one message of the key per call, i.e. one broker round trip per message.
+    assert publisher.calls == ([30] if keeps_key_order else [1] * 30)
+
+
+@pytest.mark.parametrize("failure", ["retryable", "permanent", "outage"])
+async def test_behind_a_failed_message_its_key_is_released_even_if_the_broker_took_it(
+    failure: str,
+) -> None:
+    """Message 1 of "slow" fails (twice when retryable); the broker still takes 2..4, which were
+    pipelined behind it. They must not settle as published before 1 did: they are released (no
+    attempt counted) and published again after it; "fast" is not held back."""
+    store = SettleLog()
+    slow = [store.enqueue("t", {"n": n}, key="slow") for n in range(5)]
+    fast = [store.enqueue("t", {"n": n}, key="fast") for n in range(5)]
+    failures = {"left": 2 if failure == "retryable" else 1}
+    error: PublishError = {
+        "retryable": RetryablePublishError("try again"),
+        "permanent": PermanentPublishError("refused"),
+        "outage": BrokerUnavailable("connection lost"),
+    }[failure]
+
+    def flaky(message: Message) -> PublishError | None:
+        if message.id == slow[1] and failures["left"]:
+            failures["left"] -= 1
+            return error
+        return None
+
+    publisher = RecordingPublisher(fail=flaky, keeps_key_order=True)
+    counters = await Relay(store, publisher, settings(max_attempts=5)).drain(timeout=10)
+    first = store.settlements[0]
+    assert first.published == [slow[0], *fast]
+    assert first.released == ([slow[1]] if failure == "outage" else []) + slow[2:]
+    published = store.published()
+    expected = slow if failure != "permanent" else [slow[0], *slow[2:]]
+    assert [i for i in published if i in slow] == expected, "settled in write order"
+    # The broker's copies: 2..4 once behind the failure (per failed round), then after 1.
+    rounds = 2 if failure == "retryable" else 1
+    copies = [m.id for m in publisher.messages if m.key == "slow"]
+    assert copies == [slow[0], *slow[2:] * rounds, *expected[1:]]
+    assert counters.released == 3 * rounds + (failure == "outage")
+    assert counters.retried == (2 if failure == "retryable" else 0)  # only message 1 counts
+    dead = (await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)).items
+    assert [(d.id, d.attempts) for d in dead] == ([(slow[1], 1)] if failure == "permanent" else [])
 
 
 async def test_broker_outage_backs_off_exponentially_and_resets_after_success() -> None:

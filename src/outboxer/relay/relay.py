@@ -64,6 +64,7 @@ from outboxer.ports import (
     RelayStore,
     Retry,
     Settlement,
+    keeps_key_order,
     log_last_sweep,
 )
 from outboxer.relay.failures import FailedPublish, FailureLog
@@ -153,6 +154,8 @@ class Relay:
             relay_id=self.relay_id,
             hold_dead_keys=self.settings.hold_keys_after_dead_letter,
         )
+        # Ordered mode: a key's run of a batch in one call when the broker keeps its order.
+        self._pipelines_runs = keeps_key_order(publisher)
         self._window = asyncio.Semaphore(self.settings.max_in_flight_batches)
         self._in_flight: set[asyncio.Task[None]] = set()
         self._settled_batches = 0
@@ -530,12 +533,14 @@ class Relay:
     async def _publish_and_settle(self, claim: Claim) -> None:
         settlement = Settlement()
         try:
-            if self.settings.ordered:
-                await self._publish_in_waves(claim.messages, settlement)
-            else:
+            if not self.settings.ordered:
                 started = self._now()
                 results = await self._publish(claim.messages)
                 self._classify(claim.messages, results, settlement, self._now() - started)
+            elif self._pipelines_runs:
+                await self._publish_runs(claim.messages, settlement)
+            else:
+                await self._publish_in_waves(claim.messages, settlement)
         except asyncio.CancelledError:
             # Shutdown ran out of time: settle what is known, hand the rest back at once so
             # another relay can take it without waiting for the lease to expire.
@@ -547,6 +552,46 @@ class Relay:
             raise
         self.counters.batches += 1
         await self._settle(claim, settlement)
+
+    async def _publish_runs(self, messages: Sequence[Message], settlement: Settlement) -> None:
+        """Publish a claim in one call, key runs included, for a publisher that keeps key order.
+
+        The broker stores the messages of one key in the order of the call, so a run needs no
+        round trip per message. But it may accept message k+1 of a key that it was sent right
+        behind a message k that failed (a nack, a rejected record, a connection that dropped and
+        came back): k+1 must not count as published ahead of k, or a retry of k would land
+        after it. So every message of a key behind its first failure is released, whatever its
+        result (no attempt counted): it stays in the outbox behind k and is published again
+        after k succeeds or is dead-lettered. A copy the broker accepted is then a duplicate,
+        at most the rest of that key's run in this batch (docs/guarantees.md).
+        """
+        started = self._now()
+        results = await self._publish(messages)
+        seconds = self._now() - started
+        failed: set[str] = set()
+        ahead: list[Message] = []
+        ahead_results: list[PublishError | None] = []
+        behind: list[str] = []
+        accepted_behind = 0
+        for message, result in zip(messages, results, strict=True):
+            key = message.key
+            if key is not None and key in failed:
+                behind.append(message.id)
+                accepted_behind += result is None
+                continue
+            if key is not None and result is not None:
+                failed.add(key)
+            ahead.append(message)
+            ahead_results.append(result)
+        self._classify(ahead, ahead_results, settlement, seconds)
+        settlement.released.extend(behind)
+        self.counters.released += len(behind)
+        if accepted_behind:
+            log.warning(
+                "%d messages were accepted by the broker behind a failed message of their key: "
+                "they stay in the outbox and are published again after it (duplicates)",
+                accepted_behind,
+            )
 
     async def _publish_in_waves(self, messages: Sequence[Message], settlement: Settlement) -> None:
         """Publish a claim whose keys may have runs of several messages, keeping key order.

@@ -142,6 +142,10 @@ class HttpPublisher:
         ConfigurationError: The URL or a setting is invalid (one readable line, no secrets).
     """
 
+    #: A call sends a key's messages one after the other and none behind a failed one (see
+    #: "Concurrency and ordering" above): the relay may give it a key's whole run in one call.
+    keeps_key_order = True
+
     def __init__(
         self,
         url: str,

@@ -440,6 +440,11 @@ class KafkaPublisher:
     ``publish`` wait, never fail).
     """
 
+    #: Records of one key go to one partition, and the idempotent producer keeps a partition's
+    #: write order across its retries (librdkafka refuses ``max.in.flight`` > 5, ``retries`` 0
+    #: or a LIFO queue with idempotence on): the relay may pipeline a key's run in one call.
+    keeps_key_order = True
+
     def __init__(self, settings: KafkaSettings | str) -> None:
         """Take parsed settings, or a ``kafka://`` URL to parse."""
         if isinstance(settings, str):

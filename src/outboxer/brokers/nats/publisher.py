@@ -310,6 +310,10 @@ class NatsPublisher:
     broker was down then) and closes it in ``__aexit__``.
     """
 
+    #: A call's messages are written in input order on one connection, so JetStream stores the
+    #: messages of a key in the order of the call: the relay may pipeline a key's run.
+    keeps_key_order = True
+
     def __init__(self, settings: NatsSettings | None = None) -> None:
         self.settings = settings or NatsSettings()
         self._tls: ssl.SSLContext | None = None

@@ -492,6 +492,10 @@ class RabbitMQPublisher:
             (private CA, client certificates).
     """
 
+    #: One channel per connection, and a channel keeps publish order: the relay may pipeline
+    #: a key's run in one call.
+    keeps_key_order = True
+
     def __init__(
         self,
         settings: RabbitMQSettings | None = None,

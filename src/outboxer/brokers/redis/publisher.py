@@ -125,6 +125,10 @@ class RedisPublisher:
         async with RedisPublisher(settings) as publisher: ...
     """
 
+    #: A call is one pipeline on one connection, whose commands run in the order written: the
+    #: relay may pipeline a key's run in one call.
+    keeps_key_order = True
+
     def __init__(self, settings: RedisSettings | str) -> None:
         """Take parsed settings, or a ``redis://``/``rediss://`` URL to parse."""
         if isinstance(settings, str):
