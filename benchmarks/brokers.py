@@ -3,10 +3,15 @@
 For every broker, in one run: the raw client publishing the same 20,000 messages with no
 database (``benchmarks/raw_<broker>.py``), ``outboxer``'s relay draining a pre-filled PostgreSQL
 outbox of 20,000 messages to that broker (ordered and unordered), and the database-side ceiling
-(the relay with a publisher that acknowledges at once). Keys: 1,000 distinct values.
-Reported: msg/s, relay / raw client, relay / database ceiling, ordered / unordered.
+(the relay with a publisher that acknowledges at once). Keys: 1,000 distinct values
+(``OUTBOXER_BENCH_KEYS``: 200 keys are 100 messages per key, the conditions of the ordered
+target). Reported: msg/s, relay / raw client, relay / database ceiling, ordered / unordered.
 
-Run: ``.venv/bin/python -m benchmarks.brokers [kafka rabbitmq nats redis http]``
+``--waves`` also measures ordered mode as it was before a key's run was pipelined in one call
+(ADR 0006): the same publisher behind a wrapper that does not declare ``keeps_key_order``, so
+the relay publishes runs in waves. Before and after then come from one run.
+
+Run: ``.venv/bin/python -m benchmarks.brokers [--waves] [kafka rabbitmq nats redis http]``
 """
 
 from __future__ import annotations
@@ -142,7 +147,24 @@ BROKERS: dict[str, tuple[Any, Any]] = {
 }
 
 
-async def relay_rate(url: str, topic: str, ordered: bool) -> float:
+class Waves:
+    """A publisher as the relay saw every publisher before ADR 0006: without
+    ``keeps_key_order``, so ordered mode publishes a key's run in waves."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def __aenter__(self) -> Waves:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+    async def publish(self, messages: Any) -> Any:
+        return await self.inner.publish(messages)
+
+
+async def relay_rate(url: str, topic: str, ordered: bool, *, waves: bool = False) -> float:
     async with fresh_schema(f"bench_{uuid.uuid4().hex[:6]}") as schema:
         async with PostgresStore(PG_URL, TableNames(schema=schema)) as store:
             await store.migrate()
@@ -152,11 +174,12 @@ async def relay_rate(url: str, topic: str, ordered: bool) -> float:
             # as the raw clients' are: the figure is the steady publishing rate.
             [warm] = messages(topic, 1)
             assert list(await publisher.publish([warm])) == [None]
-            return await drain_rate(schema, publisher, RelaySettings(ordered=ordered), COUNT)
+            relayed = Waves(publisher) if waves else publisher
+            return await drain_rate(schema, relayed, RelaySettings(ordered=ordered), COUNT)
 
 
 async def database_ceiling() -> float:
-    async with fresh_schema("bench_null") as schema:
+    async with fresh_schema(f"bench_null_{uuid.uuid4().hex[:6]}") as schema:
         async with PostgresStore(PG_URL, TableNames(schema=schema)) as store:
             await store.migrate()
         await fill(schema, COUNT, keys=KEYS)
@@ -169,41 +192,45 @@ async def nats_streams(url: str, subjects: list[str]) -> AsyncIterator[None]:
         yield
 
 
-async def measure(name: str) -> dict[str, Any]:
+async def measure(name: str, *, waves: bool = False) -> dict[str, Any]:
     setup, raw_ceiling = BROKERS[name]
-    best: dict[str, float] = {"raw": 0.0, "ordered": 0.0, "unordered": 0.0, "database": 0.0}
+    labels = ["raw", "ordered", "unordered", "database"] + (["ordered_waves"] if waves else [])
+    best = dict.fromkeys(labels, 0.0)
     async with setup() as (url, new_topic):
         for _ in range(ROUNDS):
-            topics = [new_topic() for _ in range(3)]
+            topics = [new_topic() for _ in range(4)]
             async with contextlib.AsyncExitStack() as stack:
                 if name == "nats":  # JetStream needs a stream (raw_ceiling makes its own)
                     await stack.enter_async_context(nats_streams(url, topics[1:]))
-                raw = await raw_ceiling(url, messages(topics[0]))
-                ordered = await relay_rate(url, topics[1], ordered=True)
-                unordered = await relay_rate(url, topics[2], ordered=False)
-            database = await database_ceiling()
-            for label, value in (
-                ("raw", raw),
-                ("ordered", ordered),
-                ("unordered", unordered),
-                ("database", database),
-            ):
+                rates = {"raw": await raw_ceiling(url, messages(topics[0]))}
+                rates["ordered"] = await relay_rate(url, topics[1], ordered=True)
+                rates["unordered"] = await relay_rate(url, topics[2], ordered=False)
+                if waves:
+                    rates["ordered_waves"] = await relay_rate(
+                        url, topics[3], ordered=True, waves=True
+                    )
+            rates["database"] = await database_ceiling()
+            for label, value in rates.items():
                 best[label] = max(best[label], value)
-    row = {"broker": name, **{k: round(v) for k, v in best.items()}}
+    row: dict[str, Any] = {"broker": name, **{k: round(v) for k, v in best.items()}}
     row["relay_over_raw"] = round(best["unordered"] / best["raw"], 2)
     row["relay_over_database"] = round(best["unordered"] / best["database"], 2)
     row["ordered_over_unordered"] = round(best["ordered"] / best["unordered"], 2)
-    print(
+    line = (
         f"{name:9} raw {best['raw']:8.0f}  relay unordered {best['unordered']:8.0f}  "
         f"ordered {best['ordered']:8.0f}  db ceiling {best['database']:8.0f} msg/s  | "
         f"relay/raw {row['relay_over_raw']:.2f}  relay/db {row['relay_over_database']:.2f}  "
         f"ordered/unordered {row['ordered_over_unordered']:.2f}"
     )
+    if waves:
+        row["waves_over_unordered"] = round(best["ordered_waves"] / best["unordered"], 2)
+        line += f"  (waves {best['ordered_waves']:.0f}: {row['waves_over_unordered']:.2f})"
+    print(line, flush=True)
     return row
 
 
-async def main(names: list[str]) -> list[dict[str, Any]]:
-    rows = [await measure(name) for name in names]
+async def main(names: list[str], *, waves: bool = False) -> list[dict[str, Any]]:
+    rows = [await measure(name, waves=waves) for name in names]
     name = "brokers" if KEYS == 1000 else f"brokers_{KEYS}_keys"
     save(name, {"count": COUNT, "keys": KEYS, "rounds": ROUNDS, "rows": rows})
     return rows
@@ -212,4 +239,7 @@ async def main(names: list[str]) -> list[dict[str, Any]]:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("pika").setLevel(logging.CRITICAL)
-    asyncio.run(main(sys.argv[1:] or list(BROKERS)))
+    args = sys.argv[1:]
+    with_waves = "--waves" in args
+    names = [a for a in args if a != "--waves"]
+    asyncio.run(main(names or list(BROKERS), waves=with_waves))

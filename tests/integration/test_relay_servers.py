@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 import outboxer
 from outboxer.config import Backoff, RelaySettings
 from outboxer.errors import PublishError, RetryablePublishError
@@ -76,9 +78,10 @@ async def test_three_relays_share_20000_messages_without_loss_or_duplicates(
     print("\nshare per relay:", [c.published for c in counters])
 
 
-async def test_three_ordered_relays_keep_per_key_order(server: Server) -> None:
+@pytest.mark.parametrize("pipelined", [False, True], ids=["waves", "pipelined"])
+async def test_three_ordered_relays_keep_per_key_order(server: Server, pipelined: bool) -> None:
     ids = await server.fill(6_000, keys=50)
-    publisher = RecordingPublisher()
+    publisher = RecordingPublisher(keeps_key_order=pipelined)  # key runs in one call, or waves
     await run_relays(server, publisher, 3, RelaySettings(batch_size=100))
     assert len(publisher.messages) == 6_000 == len({m.id for m in publisher.messages})
     position = {message_id: n for n, message_id in enumerate(ids)}

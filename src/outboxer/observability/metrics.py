@@ -194,7 +194,8 @@ class PrometheusRelayObserver(NoopObserver):
         )
         self.publish_duration = Histogram(
             "outboxer_relay_publish_duration_seconds",
-            "Duration of one publish call to the broker (a batch, or one ordered wave of it).",
+            "Duration of one publish call to the broker (a batch, or in ordered mode one wave of "
+            "it for a publisher that does not keep key order).",
             ["broker"],
             buckets=CALL_BUCKETS,
             registry=r,

@@ -16,6 +16,9 @@ What a failure does:
 - ``PermanentPublishError``: dead-lettered at once (retrying cannot help).
 - ``BrokerUnavailable``: no attempt counted, the batch is released, and the whole relay pauses
   claiming along the outage backoff (5, 10, 20, 40, 60 s ...) until a publish succeeds.
+- Ordered mode: a key's later messages in the batch behind a failed one are released (no
+  attempt counted) even when the broker took them (a run pipelined in one call, for a publisher
+  that keeps key order): they are published again after it, never settled ahead of it.
 - A batch in flight keeps its lease: it is extended every third of a lease until the batch is
   settled, so a slow publish is never taken over by another live relay.
 - A message whose lease expired (its relay died or froze holding it) is claimed alone and

@@ -33,7 +33,7 @@ RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.head
 -- name: claim_ordered
 -- Per-key order with any number of relays. A keyed row may be claimed only when every older
 -- row of its key is either gone (published/dead-lettered) or claimed in this same statement;
--- the relay then publishes a key's run in write order (see Relay._publish_in_waves).
+-- the relay then publishes a key's run in write order (Relay._publish_runs, or in waves).
 --  1. candidates: the oldest claimable rows whose key's head (its oldest row) is neither leased
 --     nor waiting for a retry or a delayed time: one probe of the key index and one heap visit.
 --     Rows behind a blocked head are skipped, so a failing message never holds back other keys.
