@@ -8,7 +8,7 @@ outbox of 20,000 messages to that broker (ordered and unordered), and the databa
 target). Reported: msg/s, relay / raw client, relay / database ceiling, ordered / unordered.
 
 ``--waves`` also measures ordered mode as it was before a key's run was pipelined in one call
-(ADR 0006): the same publisher behind a wrapper that does not declare ``keeps_key_order``, so
+(ADR 0008): the same publisher behind a wrapper that does not declare ``keeps_key_order``, so
 the relay publishes runs in waves. Before and after then come from one run.
 
 Run: ``.venv/bin/python -m benchmarks.brokers [--waves] [kafka rabbitmq nats redis http]``
@@ -148,7 +148,7 @@ BROKERS: dict[str, tuple[Any, Any]] = {
 
 
 class Waves:
-    """A publisher as the relay saw every publisher before ADR 0006: without
+    """A publisher as the relay saw every publisher before ADR 0008: without
     ``keeps_key_order``, so ordered mode publishes a key's run in waves."""
 
     def __init__(self, inner: Any) -> None:

@@ -564,7 +564,7 @@ class Publisher(Protocol):
     idempotent producer, one AMQP channel, one NATS connection, one Redis pipeline) declares the
     class attribute ``keeps_key_order = True``. In ordered mode the relay then publishes a key's
     whole run of a batch in one call, and settles every message of a key behind a failed one as
-    not yet published (docs/adr/0006-pipelined-key-runs.md). A publisher without it gets at
+    not yet published (docs/adr/0008-pipelined-key-runs.md). A publisher without it gets at
     most one message per key per call (the relay publishes a run in *waves*), so it may send
     the messages of a call concurrently.
     """
