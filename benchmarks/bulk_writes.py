@@ -6,7 +6,9 @@ one transaction, either by calling ``enqueue``/``enqueue_async`` once per messag
 and the commit. Synchronous commit on. Variants are interleaved in rounds (best of ``ROUNDS``) so
 that a noisy neighbour hurts all of them alike. Reported: msg/s each way and the ratio.
 Targets (issue "Close to the metal"): ratio ≥ 10 and ``enqueue_many`` ahead of 42k msg/s
-(faststream-outbox's batch insert on this machine kind).
+(faststream-outbox's batch insert on this machine kind). PostgreSQL through asyncpg, psycopg and
+SQLAlchemy on each; SQLite (``sqlite3``, a file in WAL mode as the store sets it up) and MariaDB
+(PyMySQL, asyncmy) for comparison.
 
 Run: ``.venv/bin/python -m benchmarks.bulk_writes``
 """
@@ -15,12 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
+import asyncmy
 import asyncpg
 import psycopg
+import pymysql  # type: ignore[import-untyped]
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
@@ -28,10 +35,14 @@ from sqlalchemy.orm import Session
 import outboxer
 from benchmarks.common import PAYLOAD, PG_URL, fresh_schema, save
 from outboxer.config import TableNames
+from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
+from outboxer.stores.sqlite import SqliteStore
 
 N = 10_000
-ROUNDS = 5
+ROUNDS = 3
+MYSQL_DATABASE = "bench_bulk"  # also the outbox's schema on PostgreSQL
+SQLITE_PATH = Path(tempfile.gettempdir()) / "outboxer_bench_bulk.db"
 
 
 def messages() -> list[dict[str, Any]]:
@@ -87,15 +98,71 @@ async def sqlalchemy_asyncpg_tx() -> AsyncIterator[tuple[Any, bool]]:
         await engine.dispose()
 
 
+@contextlib.asynccontextmanager
+async def sqlite3_tx() -> AsyncIterator[tuple[Any, bool]]:
+    conn = sqlite3.connect(SQLITE_PATH)
+    try:
+        with conn:  # commits at the end of the block
+            yield conn, False
+    finally:
+        conn.close()
+
+
+@contextlib.asynccontextmanager
+async def pymysql_tx() -> AsyncIterator[tuple[Any, bool]]:
+    conn = pymysql.connect(host="127.0.0.1", user="root", database=MYSQL_DATABASE)
+    try:
+        conn.begin()
+        yield conn, False
+        conn.commit()
+    finally:
+        conn.close()
+
+
+@contextlib.asynccontextmanager
+async def asyncmy_tx() -> AsyncIterator[tuple[Any, bool]]:
+    conn = await asyncmy.connect(host="127.0.0.1", user="root", database=MYSQL_DATABASE)
+    try:
+        await conn.begin()
+        yield conn, True
+        await conn.commit()
+    finally:
+        conn.close()
+
+
 DRIVERS: dict[str, Callable[[], contextlib.AbstractAsyncContextManager[tuple[Any, bool]]]] = {
     "asyncpg": asyncpg_tx,
     "psycopg": psycopg_tx,
     "sqlalchemy_psycopg": sqlalchemy_psycopg_tx,
     "sqlalchemy_asyncpg": sqlalchemy_asyncpg_tx,
+    "sqlite3": sqlite3_tx,
+    "mariadb_pymysql": pymysql_tx,
+    "mariadb_asyncmy": asyncmy_tx,
 }
 
 
-async def rate(driver: str, outbox: outboxer.Outbox, bulk: bool) -> float:
+def outbox_of(driver: str) -> outboxer.Outbox:
+    return outboxer.Outbox() if driver == "sqlite3" else outboxer.Outbox(schema=MYSQL_DATABASE)
+
+
+async def empty(driver: str) -> None:
+    """Delete what a round wrote, so that every round starts from an empty outbox."""
+    if driver == "sqlite3":
+        with contextlib.closing(sqlite3.connect(SQLITE_PATH)) as lite, lite:
+            lite.execute("DELETE FROM outbox")
+    elif driver.startswith("mariadb"):
+        with contextlib.closing(pymysql.connect(host="127.0.0.1", user="root")) as my:
+            my.cursor().execute(f"TRUNCATE `{MYSQL_DATABASE}`.outbox")
+    else:
+        pg = await asyncpg.connect(PG_URL)
+        try:
+            await pg.execute(f'TRUNCATE "{MYSQL_DATABASE}".outbox')
+        finally:
+            await pg.close()
+
+
+async def rate(driver: str, bulk: bool) -> float:
+    outbox = outbox_of(driver)
     batch = messages()
     started = time.perf_counter()
     async with DRIVERS[driver]() as (conn, is_async):
@@ -113,21 +180,27 @@ async def rate(driver: str, outbox: outboxer.Outbox, bulk: bool) -> float:
 
 
 async def main() -> dict[str, Any]:
-    async with fresh_schema("bench_bulk") as schema:
-        async with PostgresStore(PG_URL, TableNames(schema=schema)) as store:
+    SQLITE_PATH.unlink(missing_ok=True)
+    async with (
+        fresh_schema(MYSQL_DATABASE),
+        PostgresStore(PG_URL, TableNames(schema=MYSQL_DATABASE)) as pg,
+        MysqlStore("mysql://root@127.0.0.1:3306/test", TableNames(schema=MYSQL_DATABASE)) as my,
+        SqliteStore(SQLITE_PATH) as lite,
+    ):
+        for store in (pg, my, lite):
             await store.migrate()
-        outbox = outboxer.Outbox(schema=schema)
-        truncate = await asyncpg.connect(PG_URL)
         rates: dict[tuple[str, bool], float] = {}
         try:
             for _ in range(ROUNDS):
                 for driver in DRIVERS:
                     for bulk in (False, True):
-                        measured = await rate(driver, outbox, bulk)
+                        measured = await rate(driver, bulk)
                         rates[driver, bulk] = max(rates.get((driver, bulk), 0.0), measured)
-                        await truncate.execute(f'TRUNCATE "{schema}".outbox')
+                        await empty(driver)
         finally:
-            await truncate.close()
+            with contextlib.closing(pymysql.connect(host="127.0.0.1", user="root")) as conn:
+                conn.cursor().execute(f"DROP DATABASE IF EXISTS `{MYSQL_DATABASE}`")
+            SQLITE_PATH.unlink(missing_ok=True)
     result: dict[str, Any] = {"messages": N, "rounds": ROUNDS}
     for driver in DRIVERS:
         one, many = rates[driver, False], rates[driver, True]

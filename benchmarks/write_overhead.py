@@ -5,11 +5,11 @@ generated id) three ways, taking turns transaction by transaction: the business 
 followed by ``enqueue`` of an ``OrderCreated`` message (a second statement in the same
 transaction); and as the one-statement write (``with_message``: the outbox INSERT in a
 data-modifying CTE of the business INSERT, key and ``order_id`` taken from the returned id).
-Synchronous commit on, as in production.
-Reported: the median transaction's time each way and its ratio to the business transaction alone
-(targets: ≤ 1.25 with ``enqueue``, ≤ 1.10 with the one-statement write), and the ratios of the
-total times. Runs for asyncpg (raw SQL, ``enqueue_async``) and for SQLAlchemy Core on psycopg
-(``insert(orders).returning(...)``, ``enqueue``).
+Synchronous commit on, as in production, then off (the statements' own cost, without the
+commit's fsync). Reported: the median transaction's time each way and its ratio to the
+business transaction alone (targets: ≤ 1.25 with ``enqueue``, ≤ 1.10 with the one-statement
+write), and the ratios of the total times. Runs for asyncpg (raw SQL, ``enqueue_async``) and
+for SQLAlchemy Core on psycopg (``insert(orders).returning(...)``, ``enqueue``).
 
 Run: ``.venv/bin/python -m benchmarks.write_overhead``
 """
@@ -99,53 +99,65 @@ def sqlalchemy_times(engine: sa.Engine, schema: str) -> dict[str, list[float]]:
     return times
 
 
+async def measure(schema: str, commit: str) -> dict[str, dict[str, list[float]]]:
+    """Every driver's transaction times with ``synchronous_commit`` set to ``commit``."""
+    conn = await asyncpg.connect(PG_URL, server_settings={"synchronous_commit": commit})
+    engine = sa.create_engine(
+        PG_URL.replace("postgresql://", "postgresql+psycopg://"),
+        connect_args={"options": f"-c synchronous_commit={commit}"},
+    )
+    times: dict[str, dict[str, list[float]]] = {"asyncpg": {}, "sqlalchemy": {}}
+    try:
+        for _ in range(ROUNDS):
+            for driver, measured in (
+                ("asyncpg", await asyncpg_times(conn, schema)),
+                ("sqlalchemy", await asyncio.to_thread(sqlalchemy_times, engine, schema)),
+            ):
+                for variant, seconds in measured.items():
+                    times[driver].setdefault(variant, []).extend(seconds)
+    finally:
+        await conn.close()
+        engine.dispose()
+    return times
+
+
+def summary(by_variant: dict[str, list[float]]) -> dict[str, float]:
+    # The median transaction: robust to the stalls of a shared machine's fsync, which hit one
+    # transaction in a hundred for tens of milliseconds.
+    alone, with_enqueue, one = (statistics.median(by_variant[v]) for v in VARIANTS)
+    total = {variant: sum(seconds) for variant, seconds in by_variant.items()}
+    return {
+        "median_ms_alone": round(alone * 1e3, 3),
+        "median_ms_enqueue": round(with_enqueue * 1e3, 3),
+        "median_ms_one_statement": round(one * 1e3, 3),
+        "time_ratio_enqueue": round(with_enqueue / alone, 3),
+        "time_ratio_one_statement": round(one / alone, 3),
+        "total_time_ratio_enqueue": round(total["enqueue"] / total["alone"], 3),
+        "total_time_ratio_one_statement": round(total["one_statement"] / total["alone"], 3),
+    }
+
+
 async def main() -> dict[str, Any]:
+    result: dict[str, Any] = {"transactions": N * ROUNDS}
     async with fresh_schema("bench_write") as schema:
         async with PostgresStore(PG_URL, TableNames(schema=schema)) as store:
             await store.migrate()
-        conn = await asyncpg.connect(PG_URL)
-        engine = sa.create_engine(PG_URL.replace("postgresql://", "postgresql+psycopg://"))
-        try:
-            await conn.execute(
+            await store.execute(
                 f'CREATE TABLE "{schema}".orders (id bigserial PRIMARY KEY, customer text, '
                 "total numeric, created_at timestamptz DEFAULT now())"
             )
-            times: dict[str, dict[str, list[float]]] = {"asyncpg": {}, "sqlalchemy": {}}
-            for _ in range(ROUNDS):
-                for driver, measured in (
-                    ("asyncpg", await asyncpg_times(conn, schema)),
-                    ("sqlalchemy", await asyncio.to_thread(sqlalchemy_times, engine, schema)),
-                ):
-                    for variant, seconds in measured.items():
-                        times[driver].setdefault(variant, []).extend(seconds)
-        finally:
-            await conn.close()
-            engine.dispose()
-    result: dict[str, Any] = {"transactions": N * ROUNDS}
-    for driver, by_variant in times.items():
-        # The median transaction: robust to the stalls of a shared machine's fsync, which
-        # hit one transaction in a hundred for tens of milliseconds.
-        alone, with_enqueue, one = (statistics.median(by_variant[v]) for v in VARIANTS)
-        result[driver] = {
-            "median_ms_alone": round(alone * 1e3, 3),
-            "median_ms_enqueue": round(with_enqueue * 1e3, 3),
-            "median_ms_one_statement": round(one * 1e3, 3),
-            "time_ratio_enqueue": round(with_enqueue / alone, 3),
-            "time_ratio_one_statement": round(one / alone, 3),
-            "total_time_ratio_enqueue": round(
-                sum(by_variant["enqueue"]) / sum(by_variant["alone"]), 3
-            ),
-            "total_time_ratio_one_statement": round(
-                sum(by_variant["one_statement"]) / sum(by_variant["alone"]), 3
-            ),
-        }
-        print(
-            f"{driver:10} median tx: alone {alone * 1e3:.3f} ms, + enqueue "
-            f"{with_enqueue * 1e3:.3f} ms (×{with_enqueue / alone:.2f}), one statement "
-            f"{one * 1e3:.3f} ms (×{one / alone:.2f}); totals ×"
-            f"{result[driver]['total_time_ratio_enqueue']:.2f} / ×"
-            f"{result[driver]['total_time_ratio_one_statement']:.2f}"
-        )
+        # synchronous commit as in production; then without waiting for the commit's fsync,
+        # which leaves the statements' own cost (and hides a busy machine's slow fsync)
+        for commit, label in (("on", "sync_commit"), ("off", "no_commit_wait")):
+            for driver, by_variant in (await measure(schema, commit)).items():
+                figures = result.setdefault(label, {})[driver] = summary(by_variant)
+                print(
+                    f"{label:15} {driver:10} median tx: alone {figures['median_ms_alone']} ms,"
+                    f" + enqueue ×{figures['time_ratio_enqueue']:.2f}, one statement "
+                    f"×{figures['time_ratio_one_statement']:.2f} (totals "
+                    f"×{figures['total_time_ratio_enqueue']:.2f} / "
+                    f"×{figures['total_time_ratio_one_statement']:.2f})"
+                )
     save("write_overhead", result)
     return result
 

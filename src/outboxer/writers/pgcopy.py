@@ -1,13 +1,12 @@
 """PostgreSQL's binary COPY format for outbox rows, shared by the asyncpg and psycopg writers.
 
 ``COPY outbox (...) FROM STDIN (FORMAT binary)`` is the fastest way to add many rows: one
-statement, no per-row parsing on the server, and on the client one pass that packs each field's
-length before its bytes. Written here rather than by the drivers' own row encoders, which are
-slower (psycopg's text ``write_row``: the COPY takes ≈ 1.25× as long) and depend on the
-connection's type codecs:
-an application's own ``jsonb`` codec (asyncpg's ``set_type_codec``, psycopg's binary jsonb
-dumper) would store our JSON text as a JSON *string*, or fail half-way through the COPY and
-abort the caller's transaction. The formats of text, bytea and jsonb fields are trivial.
+statement, no text parsing on the server (faster than text COPY), and on the client one pass
+that packs each field's length before its bytes. Written here rather than by the drivers' own
+row encoders, which depend on the connection's type codecs: an application's own ``jsonb``
+codec (asyncpg's ``set_type_codec``, psycopg's binary jsonb dumper) would store our JSON text
+as a JSON *string*, or fail half-way through the COPY and abort the caller's transaction. The
+formats of text, bytea and jsonb fields are trivial.
 
 COPY fills the same defaults as INSERT; it cannot compute ``COALESCE(available_at, now())``, so
 the writers send a batch with a delayed message as an INSERT instead.
