@@ -555,11 +555,15 @@ async def test_enqueue_many_of_thousands_keeps_their_order(database: Database) -
 
 
 async def test_enqueue_many_is_atomic_with_the_caller(database: Database) -> None:
-    with contextlib.suppress(Rollback):
-        async with database.transaction() as tx:
-            # the first statement of the transaction (SQLAlchemy's asyncpg adapter: not begun yet)
-            await tx.enqueue_many([{**spec, "id": f"gone-{n}"} for n, spec in enumerate(SPECS)])
-            raise Rollback
+    for size in (len(SPECS), 150):  # (150: SQLAlchemy's asyncpg adapter begins, then COPY)
+        with contextlib.suppress(Rollback):
+            async with database.transaction() as tx:
+                # the first statement of the transaction (SQLAlchemy's asyncpg adapter: not
+                # begun on the database yet)
+                await tx.enqueue_many(
+                    [{**SPECS[n % len(SPECS)], "id": f"gone-{n}"} for n in range(size)]
+                )
+                raise Rollback
     async with database.transaction() as tx:
         kept = await tx.enqueue_many(SPECS[:2])
         assert await tx.enqueue_many([]) == []

@@ -8,8 +8,9 @@ its event listeners and logging.
 Many rows go to the writer of the driver underneath (psycopg or asyncpg: COPY; the MySQL
 drivers: multi-row INSERTs) when that driver's connection is already inside SQLAlchemy's
 transaction: SQLAlchemy's own ``executemany`` is 3-4× slower. SQLAlchemy's asyncpg adapter
-opens its transaction only at its first statement, so before that (and for drivers outboxer has
-no writer for) the rows go through SQLAlchemy's ``executemany``.
+opens its transaction only at its first statement: before that, a large batch sends a
+``SELECT 1`` through SQLAlchemy first, a small one (and the rows for drivers outboxer has no
+writer for) goes through SQLAlchemy's ``executemany``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ _VALUES = {
     "mysql+aiomysql": "VALUES (:id, :topic, :key, :type, UNHEX(:payload), :content_type, "
     ":headers, COALESCE(:available_at, UTC_TIMESTAMP(6)))",
 }
+#: From this many rows, a transaction not yet begun on the database (SQLAlchemy's asyncpg
+#: adapter) is begun with one round trip so that the rows go by COPY: measured under load,
+#: 4-64 rows were faster through SQLAlchemy's executemany, 256 rows 1.4x faster by COPY.
+_BEGIN_FOR_COPY = 100
 #: How each dialect quotes the table and column names.
 _QUOTE = {"mysql": "`", "mysql+aiomysql": "`"}
 
@@ -121,6 +126,10 @@ class AsyncSqlalchemyWriter:
         found = find_writer((await connection.get_raw_connection()).driver_connection)
         if found is not None:
             writer, driver = found
+            if len(rows) >= _BEGIN_FOR_COPY and not writer.joins_transaction(driver):
+                # SQLAlchemy's asyncpg adapter begins on the database at its first statement:
+                # send one through SQLAlchemy, and the COPY runs inside its transaction.
+                await connection.exec_driver_sql("SELECT 1")
             if writer.is_async is True and writer.joins_transaction(driver):
                 await writer.insert_many(driver, names, rows)
                 return
