@@ -14,6 +14,7 @@ import decimal
 import enum
 import json
 import os
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -208,34 +209,47 @@ def encode_payload(payload: object) -> tuple[bytes, str]:
         raise ConfigurationError(f"cannot serialize payload: {exc}") from exc
 
 
+# A stand-in for each Returned column while its payload is encoded, split off afterwards: random
+# (drawn once), so that no other value encodes to it, and checked (see below).
+_TOKEN = f"outboxer-returned-{os.urandom(16).hex()}"
+_template_columns = threading.local()  # the columns met by the encoding running in this thread
+
+
+def _template_default(value: Any) -> Any:
+    if isinstance(value, Returned):
+        _template_columns.found.append(value)
+        return _TOKEN
+    return _json_default(value)
+
+
+_TEMPLATE_ENCODER = json.JSONEncoder(
+    default=_template_default, separators=(",", ":"), allow_nan=False, check_circular=False
+)
+
+
 def encode_payload_template(payload: object) -> tuple[tuple[str, ...], tuple[Returned, ...]]:
     """Encode a JSON payload (dict, list, dataclass ...) whose values may be :class:`Returned`
     columns, as :func:`encode_payload` does: the JSON text around the columns, and the columns
     in the order they appear (a plain payload: its whole JSON, and no column).
 
     Raises:
-        ConfigurationError: as :func:`encode_payload`.
+        ConfigurationError: as :func:`encode_payload`, or a payload holding the stand-in text
+            of a column (never by chance: it is 128 random bits).
     """
     columns: list[Returned] = []
-    # A stand-in for each column that no other value encodes to: random, and split off below.
-    token = f"outboxer-returned-{os.urandom(8).hex()}"
-
-    def default(value: Any) -> Any:
-        if isinstance(value, Returned):
-            columns.append(value)
-            return token
-        return _json_default(value)
-
-    encoder = json.JSONEncoder(
-        default=default, separators=(",", ":"), allow_nan=False, check_circular=False
-    )
+    _template_columns.found = columns
     try:
-        if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+        if type(payload) is dict:  # the common case, tested first
+            pass
+        elif dataclasses.is_dataclass(payload) and not isinstance(payload, type):
             payload = dataclasses.asdict(payload)
-        text = encoder.encode(payload)
+        text = _TEMPLATE_ENCODER.encode(payload)
     except (TypeError, ValueError, RecursionError, OverflowError) as exc:
         raise ConfigurationError(f"cannot serialize payload: {exc}") from exc
-    return tuple(text.split(f'"{token}"')), tuple(columns)
+    parts = text.split(f'"{_TOKEN}"')
+    if len(parts) != len(columns) + 1:
+        raise ConfigurationError("payload: a string equal to outboxer's stand-in for a column")
+    return tuple(parts), tuple(columns)
 
 
 def encode_headers(headers: Mapping[str, str] | None) -> str:

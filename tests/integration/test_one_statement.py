@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import outboxer
-from outboxer import Returned
+from outboxer import Returned, message
 from outboxer.errors import ConfigurationError, OutboxerError
 from outboxer.integrations.sqlalchemy import with_message
 from outboxer.message import JSON
@@ -300,3 +300,20 @@ def test_sqlalchemy_needs_returning_and_only_returned_columns() -> None:
     statement = sa.insert(orders).values(customer="c").returning(orders.c.id)
     with pytest.raises(ConfigurationError, match=r"Returned\('customer'\).*\['id'\]"):
         with_message(statement, "t", {}, key=Returned("customer"))
+
+
+def test_a_payload_cannot_pass_for_a_returned_column() -> None:
+    outbox = outboxer.Outbox()
+    stand_in = message._TOKEN  # what a column stands as while its payload is encoded
+    with pytest.raises(ConfigurationError, match="stand-in"):
+        outbox.template("t", {"id": Returned("id"), "x": stand_in})
+    # a dataclass payload may hold columns as well
+    template = outbox.template("t", Line(Returned("id"), 2))
+    assert template.payload_parts == ('{"order":', ',"qty":2}')
+    assert template.payload_columns == (Returned("id"),)
+
+
+@dataclasses.dataclass
+class Line:
+    order: object
+    qty: int
