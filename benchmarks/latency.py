@@ -11,7 +11,8 @@ each committed after the relay had nothing to do for ``IDLE_GAP`` seconds (plus 
 of the relay's longest idle wait, so commits do not keep one phase of its polling); latency as
 above. Target: within 100 ms.
 
-Run: ``.venv/bin/python -m benchmarks.latency [kafka rabbitmq nats redis]``
+Run: ``.venv/bin/python -m benchmarks.latency [null kafka rabbitmq nats redis]`` (``null``: no
+broker, every message acknowledged at once: the relay's own share of the latency).
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import asyncpg
 
 import outboxer
 from benchmarks.brokers import BROKERS, nats_streams
-from benchmarks.common import PAYLOAD, PG_URL, fresh_schema, save
+from benchmarks.common import PAYLOAD, PG_URL, NullPublisher, fresh_schema, save
 from outboxer.brokers import publisher_from_url
 from outboxer.config import RelaySettings, TableNames
 from outboxer.errors import PublishError
@@ -98,8 +99,15 @@ class Timed:
         return results
 
 
+@contextlib.asynccontextmanager
+async def no_broker() -> AsyncIterator[tuple[str, Callable[[], str]]]:
+    """``null``: no broker, every message acknowledged at once (the relay's own share: the
+    wake-up, the claim and the settle, without a broker's or a shared server's noise)."""
+    yield "null", lambda: "orders"
+
+
 async def measure(name: str) -> dict[str, Any]:
-    setup, _ = BROKERS[name]
+    setup = no_broker if name == "null" else BROKERS[name][0]
     async with setup() as (url, new_topic):
         topic = new_topic()
         async with contextlib.AsyncExitStack() as stack:
@@ -108,7 +116,8 @@ async def measure(name: str) -> dict[str, Any]:
             async with fresh_schema(f"bench_lat_{uuid.uuid4().hex[:6]}") as schema:
                 async with PostgresStore(PG_URL, TableNames(schema=schema)) as store:
                     await store.migrate()
-                    publisher = await stack.enter_async_context(Timed(publisher_from_url(url)))
+                    inner = NullPublisher() if name == "null" else publisher_from_url(url)
+                    publisher = await stack.enter_async_context(Timed(inner))
                     relay = Relay(store, publisher)
                     task = asyncio.create_task(relay.run())
                     receive, send = multiprocessing.Pipe(duplex=False)
