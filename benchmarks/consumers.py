@@ -15,7 +15,8 @@ keys, published beforehand through outboxer's publisher of that broker):
 
 The handlers do nothing, so the figures show what the inbox costs, not what a handler costs.
 Timed from the first delivered batch to the last stored one (group joins and connects are not
-counted). Reported: msg/s each way and inbox / without.
+counted). Reported: msg/s each way, inbox / without, and the mean time a batch spends in the
+inbox (ms; without the inbox a whole batch cycle takes ``without_ms_per_batch``).
 
 The script runs against whatever ``outboxer`` is on the path, so the same file measures an
 older tree too (``PYTHONPATH=<old tree>/src:. python -m benchmarks.consumers``): run old and new
@@ -182,20 +183,23 @@ async def publish(broker: Broker, batch: list[Message]) -> None:
 
 async def timed_consume(
     broker: Broker, topic: str, name: str, deliver: Callable[[Sequence[Message]], Awaitable[Any]]
-) -> float:
-    """msg/s from the first delivered batch until COUNT messages went through ``deliver``."""
+) -> tuple[float, float]:
+    """msg/s from the first delivered batch until COUNT messages went through ``deliver``, and
+    the mean time a batch spent in ``deliver`` (ms): what the inbox adds to each batch."""
     stop = asyncio.Event()
-    seen = 0
-    first = 0.0
-    last = 0.0
+    seen = batches = 0
+    first = last = in_deliver = 0.0
 
     async def counting(batch: Sequence[Message]) -> None:
-        nonlocal seen, first, last
+        nonlocal seen, batches, first, last, in_deliver
+        start = time.perf_counter()
         if not first:
-            first = time.perf_counter()
+            first = start
         await deliver(batch)
-        seen += len(batch)
         last = time.perf_counter()
+        seen += len(batch)
+        batches += 1
+        in_deliver += last - start
         if seen >= COUNT:
             stop.set()
 
@@ -209,7 +213,7 @@ async def timed_consume(
             await asyncio.wait_for(runner, 30)
     if seen < COUNT:
         raise RuntimeError(f"consumed {seen} of {COUNT}")
-    return seen / (last - first)
+    return seen / (last - first), in_deliver / batches * 1000
 
 
 async def without_inbox(batch: Sequence[Message]) -> None:
@@ -228,7 +232,8 @@ MODES: dict[str, tuple[HandlerRegistry, bool] | None] = {
 }
 
 
-async def one_round(broker: Broker, inbox_store: PostgresStore) -> dict[str, float]:
+async def one_round(broker: Broker, inbox_store: PostgresStore) -> dict[str, tuple[float, float]]:
+    """(msg/s, ms per batch in deliver) of every mode, one after the other."""
     rates = {}
     for mode, inbox_mode in MODES.items():
         name = f"bench_{uuid.uuid4().hex[:10]}"
@@ -266,14 +271,21 @@ async def main(names: list[str]) -> list[dict[str, Any]]:
         ) as store:
             await store.migrate()
             for name, broker in found.items():
-                best = dict.fromkeys(MODES, 0.0)
+                best = dict.fromkeys(MODES, (0.0, 0.0))
                 for _ in range(ROUNDS):
                     rates = await one_round(broker, store)
                     best = {mode: max(best[mode], rates[mode]) for mode in MODES}
-                row: dict[str, Any] = {"broker": name, "without_inbox": round(best["without"])}
+                without = best["without"][0]
+                row: dict[str, Any] = {
+                    "broker": name,
+                    "without_inbox": round(without),
+                    "without_ms_per_batch": round(BATCH / without * 1000, 2),
+                }
                 for mode in list(MODES)[1:]:
-                    row[mode] = round(best[mode])
-                    row[f"{mode}_over_without"] = round(best[mode] / best["without"], 2)
+                    rate, in_deliver = best[mode]
+                    row[mode] = round(rate)
+                    row[f"{mode}_over_without"] = round(rate / without, 2)
+                    row[f"{mode}_ms_in_deliver"] = round(in_deliver, 2)
                 print(row, flush=True)
                 rows.append(row)
     save(

@@ -30,6 +30,7 @@ from outboxer.inbox import (
     PermanentHandlerError,
     UndecodablePayload,
 )
+from outboxer.inbox.consumer import Deliveries
 from outboxer.message import Message, encode_payload
 from outboxer.ports import DeadLetterFilter
 from outboxer.stores.postgres import PostgresStore
@@ -286,6 +287,70 @@ async def test_a_batch_keeps_key_order_and_runs_keys_concurrently() -> None:
         assert ends == ["end 0", "end 1", "end 2"]
 
 
+async def test_batches_in_flight_together_keep_each_keys_order() -> None:
+    """A broker adapter hands over its next batch before the previous one is stored: a key of
+    both waits for the earlier batch, other keys do not; acknowledgements follow fetch order
+    even when the later batch is stored first."""
+    registry = HandlerRegistry()
+    log: list[str] = []
+    release = asyncio.Event()
+
+    @registry.handler("Step")
+    async def step(data: dict[str, str]) -> None:
+        if data["id"] == "a1":
+            await release.wait()
+        log.append(data["id"])
+
+    inbox = Inbox(InMemoryStore(), registry, settings(concurrency=4))
+    acked: list[str] = []
+
+    def ack(name: str) -> Any:
+        async def acknowledge() -> None:
+            acked.append(name)
+
+        return acknowledge
+
+    deliveries = Deliveries(inbox.receive_batch)
+    first = [event({"id": "a1"}, "Step", key="a")]
+    second = [event({"id": "a2"}, "Step", key="a"), event({"id": "b2"}, "Step", key="b")]
+    assert await deliveries.submit(first, ack("first"))
+    assert await deliveries.submit(second, ack("second"))
+    for _ in range(20):  # b2 is stored meanwhile; a2 waits behind a1
+        await asyncio.sleep(0.005)
+    assert log == ["b2"] and acked == []
+    release.set()
+    assert await deliveries.finish()
+    assert log == ["b2", "a1", "a2"]
+    assert acked == ["first", "second"]
+
+
+async def test_a_batch_not_stored_holds_back_the_batches_after_it() -> None:
+    """Stop requested while the database is down: the batch is not acknowledged, nor is any
+    batch after it (a cumulative acknowledgement would cover the first), and its keys' later
+    messages are not stored ahead of it."""
+    store = FlakyStore(down=1000)
+    registry = HandlerRegistry()
+    ran: list[str] = []
+
+    @registry.handler("Step")
+    async def step(data: dict[str, str]) -> None:
+        ran.append(data["id"])
+
+    inbox = Inbox(store, registry, settings(outage=Backoff(base=0.05, cap=0.05)))
+    acked: list[str] = []
+
+    async def acknowledge() -> None:
+        acked.append("acked")
+
+    deliveries = Deliveries(inbox.receive_batch)
+    assert await deliveries.submit([event({"id": "a1"}, "Step", key="a")], acknowledge)
+    assert await deliveries.submit([event({"id": "a2"}, "Step", key="a")], acknowledge)
+    await asyncio.sleep(0.02)
+    inbox.stop()
+    assert not await deliveries.finish()
+    assert ran == [] and acked == []
+
+
 async def test_permanent_handler_errors_are_dead_letters_at_once() -> None:
     registry = HandlerRegistry()
 
@@ -413,3 +478,45 @@ async def test_on_sqlite_the_handler_gets_the_aiosqlite_connection(
     assert await inbox.receive_batch([message, message]) == ["handled", "duplicate"]
     assert [tuple(r) for r in await sqlite_store.execute("SELECT * FROM welcomed")] == [(9,)]
     assert (await sqlite_store.stats()).pending == 1
+
+
+@pytest.mark.parametrize("per_message", [False, True], ids=["per-chunk", "per-message"])
+async def test_a_chunk_commits_once_and_a_failure_undoes_only_its_own_writes(
+    pg_store: PostgresStore, pg_schema: str, per_message: bool
+) -> None:
+    """By default the messages of a chunk share one transaction (one txid); a failing handler
+    that wrote is rolled back to its savepoint, one that takes no context (so cannot write in
+    the transaction, and runs without a savepoint) just fails; the others keep their effects.
+    With ``--transaction-per-message`` every message has a transaction of its own."""
+    await pg_store.execute(f'CREATE TABLE "{pg_schema}".seen (n int, tx bigint)')
+    registry = HandlerRegistry()
+
+    @registry.handler("Write")
+    async def write(payload: dict[str, int], ctx: HandlerContext) -> None:
+        await ctx.connection.execute(
+            f'INSERT INTO "{pg_schema}".seen VALUES ($1, txid_current())', payload["n"]
+        )
+        if payload["n"] == 2:
+            raise RuntimeError("undone")
+
+    @registry.handler("Plain")
+    async def plain(payload: dict[str, int]) -> None:
+        if payload["n"] == 4:
+            raise RuntimeError("nothing to undo")
+
+    inbox = Inbox(pg_store, registry, settings(concurrency=1, batch_transactions=not per_message))
+    kinds = {1: "Write", 2: "Write", 3: "Plain", 4: "Plain", 5: "Write"}
+    batch = [event({"n": n}, kind, id=f"m-{n}") for n, kind in kinds.items()]
+    assert await inbox.receive_batch(batch) == [
+        "handled",
+        "retrying",
+        "handled",
+        "retrying",
+        "handled",
+    ]
+    rows = await pg_store.execute(f'SELECT n, tx FROM "{pg_schema}".seen ORDER BY n')
+    assert [r[0] for r in rows] == [1, 5]
+    assert (rows[0][1] == rows[1][1]) is not per_message
+    failures = await pg_store.execute("SELECT message_id FROM {inbox_failures} ORDER BY seq")
+    assert [r[0] for r in failures] == ["m-2", "m-4"]
+    assert await inbox.receive_batch(batch) == ["duplicate"] * 5

@@ -3,14 +3,17 @@
 The broker adapters (``outboxer.brokers.<name>.consumer``: kafka, rabbitmq, nats, redis) all
 follow one rule: **a batch is acknowledged to the broker only after** ``deliver(batch)``
 **returned**, i.e. after the outcome of every message of the batch (handled, duplicate, failure
-recorded, ...) committed in the database. A crash anywhere before that makes the broker deliver
-the batch again, and the inbox turns the messages already committed into duplicates. If
-``deliver`` raises :class:`~outboxer.inbox.inbox.ConsumerStopping` (stop requested while the
-database is down) the adapter acknowledges nothing and returns.
+recorded, ...) committed in the database, and after every batch fetched before it was
+acknowledged. A crash anywhere before that makes the broker deliver the batch again, and the
+inbox turns the messages already committed into duplicates. While the inbox stores a batch the
+adapter fetches the next one and hands it over (:class:`Deliveries`: two batches in flight), so
+the database's round trips overlap the broker's; the inbox keeps each key's order across them.
+If ``deliver`` raises :class:`~outboxer.inbox.inbox.ConsumerStopping` (stop requested while the
+database is down) the adapter acknowledges neither that batch nor any after it, and returns.
 
 :func:`run_consumer` runs an adapter together with the inbox's re-drive loop (failed
 consumptions) and the shared sweep, until ``inbox.stop()`` (SIGTERM/SIGINT in the CLI): the
-adapter stops fetching, the batch in progress finishes and is acknowledged, connections close.
+adapter stops fetching, the batches in progress finish and are acknowledged, connections close.
 A batch that has not finished within ``shutdown_timeout`` is abandoned (its transactions roll
 back, nothing is acknowledged, the broker delivers it again).
 """
@@ -18,21 +21,25 @@ back, nothing is acknowledged, the broker delivers it again).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from outboxer.inbox.inbox import Inbox, InboxCounters
+from outboxer.inbox.inbox import ConsumerStopping, Inbox, InboxCounters
 from outboxer.message import Message
 from outboxer.ports import SweeperStore, log_last_sweep
 
-__all__ = ["BrokerConsumer", "Deliver", "run_consumer"]
+__all__ = ["BrokerConsumer", "Deliver", "Deliveries", "run_consumer"]
 
 log = logging.getLogger("outboxer.consumer")
 
 #: Stores the outcome of every message of a batch; returns when they are committed.
 Deliver = Callable[[Sequence[Message]], Awaitable[object]]
+#: Acknowledges one batch to the broker (reports its own failures: a batch not acknowledged is
+#: delivered again, and the inbox drops what it stored).
+Acknowledge = Callable[[], Awaitable[object]]
 
 
 class BrokerConsumer(Protocol):
@@ -49,6 +56,97 @@ class BrokerConsumer(Protocol):
         """Fetch batches until ``stop`` is set; ``await deliver(batch)``, then acknowledge the
         batch. Reconnects by itself after broker outages."""
         ...
+
+
+class Deliveries:
+    """Delivers up to ``depth`` batches at once and acknowledges them in the order they were
+    fetched, each only after it and every batch before it are stored.
+
+    A broker adapter fetches the next batch while the inbox stores the previous one, so the
+    database's round trips overlap the broker's instead of adding to them. The inbox keeps the
+    order of each key across the batches in flight (a chunk waits for the chunks of earlier
+    batches holding its keys), and acknowledgements are in order, so a cumulative one (a Kafka
+    offset, a RabbitMQ multiple-ack) never covers a batch that is not stored.
+
+    Usage: ``async with Deliveries(deliver) as deliveries:`` around an adapter's loop, and
+    ``if not await deliveries.submit(batch, acknowledge): return`` for each batch. Leaving the
+    block waits for the batches in flight to be stored and acknowledged; leaving it with an
+    exception (a cancellation too) abandons them.
+    """
+
+    def __init__(self, deliver: Deliver, depth: int = 2) -> None:
+        self._deliver = deliver
+        self._depth = depth
+        self._in_flight: collections.deque[asyncio.Task[bool]] = collections.deque()
+
+    async def __aenter__(self) -> Deliveries:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is None:
+            await self.finish()
+        else:
+            await self.abandon()
+
+    async def submit(self, batch: Sequence[Message], acknowledge: Acknowledge) -> bool:
+        """Start storing ``batch``; ``acknowledge`` runs once it and the batches submitted
+        before it are stored and acknowledged. Waits while ``depth`` batches are in flight.
+
+        Returns ``False`` when a batch could not be stored because the consumer is stopping
+        (:class:`~outboxer.inbox.inbox.ConsumerStopping`): it and every batch after it stay
+        unacknowledged, the adapter stops."""
+        while len(self._in_flight) >= self._depth:
+            if not await self._settle_oldest():
+                return False
+        previous = self._in_flight[-1] if self._in_flight else None
+        # The task's first step (before any await) takes the batch's turn on its keys: tasks
+        # start in the order they are created, so batches queue in the order they came.
+        task = asyncio.create_task(self._store_and_acknowledge(batch, acknowledge, previous))
+        self._in_flight.append(task)
+        return True
+
+    async def finish(self) -> bool:
+        """Wait until every batch in flight is stored and acknowledged; ``False`` as for
+        :meth:`submit`."""
+        while self._in_flight:
+            if not await self._settle_oldest():
+                return False
+        return True
+
+    async def _settle_oldest(self) -> bool:
+        task = self._in_flight.popleft()
+        try:
+            stored = await task
+        except BaseException:
+            await self.abandon()  # a failure (or cancellation) ends every batch after it
+            raise
+        if not stored:
+            await self.abandon()
+        return stored
+
+    async def abandon(self) -> None:
+        """Cancel the batches in flight (their transactions roll back, nothing more is
+        acknowledged: the broker delivers them again)."""
+        tasks, self._in_flight = list(self._in_flight), collections.deque()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _store_and_acknowledge(
+        self,
+        batch: Sequence[Message],
+        acknowledge: Acknowledge,
+        previous: asyncio.Task[bool] | None,
+    ) -> bool:
+        try:
+            await self._deliver(batch)
+        except ConsumerStopping:
+            return False
+        # shield: this task's cancellation must not cancel the previous batch's
+        if previous is not None and not await asyncio.shield(previous):
+            return False
+        await acknowledge()
+        return True
 
 
 async def run_consumer(

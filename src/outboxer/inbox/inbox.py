@@ -212,6 +212,15 @@ class InboxCounters:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+@dataclass(frozen=True, slots=True)
+class _KeyTurn:
+    """A chunk's place in the order of its keys (see ``Inbox._take_keys``)."""
+
+    keys: set[str]
+    after: set[asyncio.Future[bool]]
+    stored: asyncio.Future[bool]
+
+
 class Inbox:
     """Runs a registry's handlers for one consumer, at most once per message id, through a store.
 
@@ -232,6 +241,10 @@ class Inbox:
         #: Set by :meth:`stop`: consumers stop fetching, waits for the database give up.
         self.stopping = asyncio.Event()
         self._slots = asyncio.Semaphore(settings.concurrency)
+        #: Key → whether the last chunk holding it (of a batch still in flight) got stored:
+        #: a later batch's chunk with that key waits for it, so keys keep their order when a
+        #: broker adapter delivers its next batch before the previous one is done.
+        self._keys: dict[str, asyncio.Future[bool]] = {}
 
     def stop(self) -> None:
         """Ask the consumer running this inbox to stop gracefully (see ``run_consumer``)."""
@@ -267,22 +280,34 @@ class Inbox:
                 of the batch may not be stored: acknowledge none of them.
         """
         outcomes: list[DeliveryOutcome | None] = [None] * len(messages)
-        chunks = self._chunks(messages)
+        # Taken before the first await: a batch delivered after this one queues behind it.
+        chunks = [(c, self._take_keys([messages[i] for i in c])) for c in self._chunks(messages)]
 
-        async def chunk(indexes: list[int]) -> None:
-            # The semaphore bounds connections across batches delivered at the same time too
-            # (one per NATS subject, say).
-            async with self._slots:
-                results = await self._store_until_stored([messages[i] for i in indexes])
+        async def chunk(indexes: list[int], keys: _KeyTurn) -> None:
+            try:
+                for earlier in keys.after:
+                    # shield: a cancelled chunk must not cancel the turn other chunks await
+                    if not await asyncio.shield(earlier):
+                        raise ConsumerStopping(
+                            "an earlier batch with a key of this one was not stored; this one "
+                            "is left to the broker as well, so that the key keeps its order"
+                        )
+                # The semaphore bounds connections across batches delivered at the same time
+                # too (the next batch of the adapter, one per NATS subject).
+                async with self._slots:
+                    results = await self._store_until_stored([messages[i] for i in indexes])
+                keys.stored.set_result(True)
+            finally:
+                self._give_keys(keys)
             for index, outcome in zip(indexes, results, strict=True):
                 outcomes[index] = outcome
 
         if len(chunks) == 1:
-            await chunk(chunks[0])
+            await chunk(*chunks[0])
         else:
             # Every chunk runs to its end (no cancellation of a handler half-way through when
             # another chunk gives up), then the first error, if any, is the batch's.
-            results = await asyncio.gather(*(chunk(c) for c in chunks), return_exceptions=True)
+            results = await asyncio.gather(*(chunk(*c) for c in chunks), return_exceptions=True)
             errors = [r for r in results if isinstance(r, BaseException)]
             for error in errors:
                 if not isinstance(error, ConsumerStopping):
@@ -290,6 +315,26 @@ class Inbox:
             if errors:
                 raise errors[0]
         return [outcome for outcome in outcomes if outcome is not None]
+
+    def _take_keys(self, chunk: Sequence[Message]) -> _KeyTurn:
+        """The chunk's turn on its keys: after the chunks of earlier batches still holding
+        any of them."""
+        keys = {message.key for message in chunk if message.key is not None}
+        turn = _KeyTurn(
+            keys=keys,
+            after={self._keys[key] for key in keys if key in self._keys},
+            stored=asyncio.get_running_loop().create_future(),
+        )
+        for key in turn.keys:
+            self._keys[key] = turn.stored
+        return turn
+
+    def _give_keys(self, turn: _KeyTurn) -> None:
+        if not turn.stored.done():
+            turn.stored.set_result(False)  # not stored: later batches of its keys wait no more
+        for key in turn.keys:
+            if self._keys.get(key) is turn.stored:
+                del self._keys[key]
 
     def _chunks(self, messages: Sequence[Message]) -> list[list[int]]:
         """Indexes of ``messages`` in up to ``concurrency`` chunks; all messages of a key in

@@ -3,7 +3,9 @@
 The group id is the consumer name. Offsets are committed by hand (``enable.auto.commit`` off),
 synchronously and only after the inbox transaction of every record of the batch committed: a
 crash before that makes the group deliver those records again (to this or another member), and
-the inbox turns the ones already handled into duplicates. librdkafka's ``consume`` blocks, so
+the inbox turns the ones already handled into duplicates. The next batch is fetched while the
+inbox stores the previous one (``inbox.consumer.Deliveries``: two batches in flight, offsets
+committed in order). librdkafka's ``consume`` blocks, so
 every call on the client runs in one dedicated worker thread (the client is not meant to be used
 from two threads at once); the event loop is never blocked.
 
@@ -46,8 +48,7 @@ from outboxer.brokers.kafka._client_log import client_log as quiet_client_log
 from outboxer.brokers.kafka.settings import KafkaConsumerSettings
 from outboxer.brokers.kafka.wire import decode
 from outboxer.errors import ConfigurationError
-from outboxer.inbox.consumer import Deliver
-from outboxer.inbox.inbox import ConsumerStopping
+from outboxer.inbox.consumer import Deliver, Deliveries
 from outboxer.message import Message
 
 __all__ = ["KafkaConsumer"]
@@ -141,7 +142,8 @@ class KafkaConsumer:
         log.info("assigned %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions))
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        # Nothing is in progress here: batches are delivered and committed between polls.
+        # A batch may be in the inbox meanwhile: its offsets commit fails then, the new owner
+        # reads it again and the inbox drops what was handled here (see _commit).
         log.info("revoked %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions))
 
     # -- the loop ---------------------------------------------------------------------------
@@ -150,6 +152,10 @@ class KafkaConsumer:
         client = self._client
         if client is None:
             raise RuntimeError("KafkaConsumer is not open (use 'async with')")
+        async with Deliveries(deliver) as deliveries:
+            await self._consume(client, deliveries, stop)
+
+    async def _consume(self, client: Consumer, deliveries: Deliveries, stop: asyncio.Event) -> None:
         while not stop.is_set():
             records = await self._call(client.consume, self.settings.batch_size, _POLL_SECONDS)
             messages: list[Message] = []
@@ -176,11 +182,9 @@ class KafkaConsumer:
                 offsets[(topic, partition)] = max(offset, offsets.get((topic, partition), -1))
             if not messages:
                 continue
-            try:
-                await deliver(messages)
-            except ConsumerStopping:
+            commit = functools.partial(self._commit, client, offsets)
+            if not await deliveries.submit(messages, commit):
                 return  # not committed: the group delivers the batch again
-            await self._commit(client, offsets)
 
     async def _commit(self, client: Consumer, offsets: dict[tuple[str, int], int]) -> None:
         # The committed offset is the next record to read: last handled + 1.

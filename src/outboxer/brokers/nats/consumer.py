@@ -4,9 +4,10 @@ For every topic (subject) the adapter finds the stream that captures it and bind
 consumer named ``<consumer>_<subject>`` (characters NATS does not allow in names become ``_``),
 creating it on first use with explicit acks, ``deliver_policy=all`` (nothing published before
 the first start is missed) and unlimited deliveries (failures are retried by the inbox, not by
-JetStream). It fetches batches and acknowledges each message after the inbox committed the
-whole batch; a message not acknowledged within ``ack_wait`` (a crash, a stop during a database
-outage) is delivered again by JetStream, and the inbox drops it if it was handled.
+JetStream). It fetches batches (the next while the inbox stores the previous one) and
+acknowledges each message after the inbox committed the whole batch; a message not acknowledged
+within ``ack_wait`` (a crash, a stop during a database outage) is delivered again by JetStream,
+and the inbox drops it if it was handled.
 
 Messages are decoded from the publisher's wire format (``Nats-Msg-Id``/``ce-id``, ``ce-type``,
 ``ce-time``, ``ce-partitionkey``, ``content-type``) by :func:`.wire.decode`.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import ssl
@@ -45,8 +47,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from outboxer.brokers.nats.settings import NatsConsumerSettings
 from outboxer.brokers.nats.wire import decode
 from outboxer.errors import BrokerUnavailable, ConfigurationError
-from outboxer.inbox.consumer import Deliver
-from outboxer.inbox.inbox import ConsumerStopping
+from outboxer.inbox.consumer import Deliver, Deliveries
 
 __all__ = ["NatsConsumer", "durable_name"]
 
@@ -170,6 +171,12 @@ class NatsConsumer:
     async def _consume(
         self, client: Client, subscription: Any, deliver: Deliver, stop: asyncio.Event
     ) -> None:
+        async with Deliveries(deliver) as deliveries:
+            await self._fetch(client, subscription, deliveries, stop)
+
+    async def _fetch(
+        self, client: Client, subscription: Any, deliveries: Deliveries, stop: asyncio.Event
+    ) -> None:
         while not stop.is_set():
             try:
                 batch: list[Msg] = await subscription.fetch(
@@ -197,18 +204,19 @@ class NatsConsumer:
                         sequence=sequence,
                     )
                 )
-            try:
-                await deliver(messages)
-            except ConsumerStopping:
+            acknowledge = functools.partial(self._acknowledge, client, batch)
+            if not await deliveries.submit(messages, acknowledge):
                 return  # not acknowledged: JetStream delivers them again after ack_wait
-            try:
-                for msg in batch:
-                    await msg.ack()
-                await client.flush(timeout=5)
-            except (TimeoutError, nats.errors.Error) as exc:
-                log.warning(
-                    "could not acknowledge %d messages (%s): JetStream delivers them again "
-                    "and the inbox drops them",
-                    len(batch),
-                    exc,
-                )
+
+    async def _acknowledge(self, client: Client, batch: list[Msg]) -> None:
+        try:
+            for msg in batch:
+                await msg.ack()
+            await client.flush(timeout=5)
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning(
+                "could not acknowledge %d messages (%s): JetStream delivers them again "
+                "and the inbox drops them",
+                len(batch),
+                exc,
+            )

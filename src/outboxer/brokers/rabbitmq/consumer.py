@@ -3,7 +3,8 @@
 On connect the adapter declares the publisher's exchange (topic, durable), a durable queue named
 after the consumer, and one binding per topic (a binding key: ``orders.*`` and ``#`` patterns
 work). It consumes with manual acknowledgements and a prefetch window. A batch is what has
-arrived (up to ``batch_size``); after the inbox committed every message of it, one
+arrived (up to ``batch_size``; the next is gathered while the inbox stores the previous one);
+after the inbox committed every message of it and the batch before it was acknowledged, one
 ``basic.ack(multiple=True)`` for the batch's last delivery tag acknowledges it. A connection lost
 before that makes RabbitMQ requeue the unacknowledged messages; the inbox drops the ones that
 were handled. Same client as the publisher (pika's asyncio connection, see
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,8 +48,7 @@ from outboxer.brokers.rabbitmq.settings import RabbitMQConsumerSettings
 from outboxer.brokers.rabbitmq.topology import exchange_declaration, queue_declaration
 from outboxer.brokers.rabbitmq.wire import decode
 from outboxer.errors import BrokerUnavailable
-from outboxer.inbox.consumer import Deliver
-from outboxer.inbox.inbox import ConsumerStopping
+from outboxer.inbox.consumer import Deliver, Deliveries
 
 __all__ = ["RabbitMQConsumer"]
 
@@ -246,6 +247,10 @@ class RabbitMQConsumer:
         return link
 
     async def run(self, deliver: Deliver, stop: asyncio.Event) -> None:
+        async with Deliveries(deliver) as deliveries:
+            await self._consume(deliveries, stop)
+
+    async def _consume(self, deliveries: Deliveries, stop: asyncio.Event) -> None:
         while not stop.is_set():
             link = self._link
             if link is None or not link.usable:
@@ -276,15 +281,16 @@ class RabbitMQConsumer:
                 )
                 for d in batch
             ]
-            try:
-                await deliver(messages)
-            except ConsumerStopping:
+            if not await deliveries.submit(messages, functools.partial(_acknowledge, link, batch)):
                 return  # not acknowledged: RabbitMQ requeues the batch when we disconnect
-            # Deliveries arrive in tag order and every earlier batch is acknowledged: one
-            # multiple-ack for the last tag covers exactly this batch.
-            if not link.ack(batch[-1].tag):
-                log.warning(
-                    "could not acknowledge %d messages (connection lost): RabbitMQ delivers "
-                    "them again and the inbox drops them",
-                    len(batch),
-                )
+
+
+async def _acknowledge(link: _Link, batch: list[_Delivery]) -> None:
+    # Deliveries arrive in tag order and every earlier batch is acknowledged (Deliveries keeps
+    # that order): one multiple-ack for the last tag covers exactly this batch.
+    if not link.ack(batch[-1].tag):
+        log.warning(
+            "could not acknowledge %d messages (connection lost): RabbitMQ delivers them again "
+            "and the inbox drops them",
+            len(batch),
+        )

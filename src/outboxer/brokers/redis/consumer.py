@@ -4,12 +4,13 @@ stale pending entries reclaimed with XAUTOCLAIM.
 The group is named after the consumer and created on first use at the start of each stream
 (``XGROUP CREATE <stream> <group> 0 MKSTREAM``: entries written before the first start are
 delivered too). Every process joins it under a unique member name (``host-pid-random``) and
-reads new entries with ``XREADGROUP ... >``; after the inbox committed the batch, one ``XACK``
-per stream acknowledges it. Entries a member read but never acknowledged (it was killed, or
-stopped during a database outage) stay pending; every member periodically takes over those
-idle for longer than ``claim_idle`` with ``XAUTOCLAIM`` and processes them (the inbox drops the
-ones already handled). Members that left nothing pending and have been idle for an hour are
-removed from the group, so restarts do not pile up dead member names.
+reads new entries with ``XREADGROUP ... >`` (the next batch while the inbox stores the previous
+one); after the inbox committed the batch, one ``XACK`` per stream acknowledges it. Entries a
+member read but never acknowledged (it was killed, or stopped during a database outage) stay
+pending; every member periodically takes over those idle for longer than ``claim_idle`` with
+``XAUTOCLAIM`` and processes them (the inbox drops the ones already handled). Members that left
+nothing pending and have been idle for an hour are removed from the group, so restarts do not
+pile up dead member names.
 
 Entries are decoded from the publisher's wire format (fields ``id``, ``type``, ``key``,
 ``payload``, ``headers``, ``content_type``) by :func:`.wire.decode`.
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -47,8 +49,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from outboxer.brokers.redis.settings import RedisConsumerSettings
 from outboxer.brokers.redis.wire import decode
-from outboxer.inbox.consumer import Deliver
-from outboxer.inbox.inbox import ConsumerStopping
+from outboxer.inbox.consumer import Deliver, Deliveries
 from outboxer.message import Message
 
 __all__ = ["RedisConsumer"]
@@ -112,6 +113,11 @@ class RedisConsumer:
         client = self._client
         if client is None:
             raise RuntimeError("RedisConsumer is not open (use 'async with')")
+        async with Deliveries(deliver) as deliveries:
+            await self._consume(client, deliveries, stop)
+
+    async def _consume(self, client: Redis, deliveries: Deliveries, stop: asyncio.Event) -> None:
+        """Read (and reclaim) until ``stop``, or until delivery was stopped."""
         failures = 0
         next_claim = 0.0
         claim_every = min(max(self.settings.claim_idle / 2, 0.2), 30.0)
@@ -120,10 +126,10 @@ class RedisConsumer:
                 if not self._groups_ready:
                     await self._create_groups(client)
                 if time.monotonic() >= next_claim:
-                    if not await self._reclaim(client, deliver, stop):
+                    if not await self._reclaim(client, deliveries, stop):
                         return
                     next_claim = time.monotonic() + claim_every
-                if not await self._read(client, deliver):
+                if not await self._read(client, deliveries):
                     return
                 failures = 0
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
@@ -143,7 +149,7 @@ class RedisConsumer:
                 log.warning("consumer group missing (stream deleted?): creating it again")
                 self._groups_ready = False
 
-    async def _read(self, client: Redis, deliver: Deliver) -> bool:
+    async def _read(self, client: Redis, deliveries: Deliveries) -> bool:
         """One XREADGROUP of new entries; False when delivery was stopped (nothing acked)."""
         response: Any = await client.xreadgroup(
             self.settings.group,
@@ -157,9 +163,9 @@ class RedisConsumer:
         for stream, items in response or []:
             name = stream.decode() if isinstance(stream, bytes) else str(stream)
             entries.extend((name, _text(entry_id), fields) for entry_id, fields in items)
-        return await self._deliver(client, deliver, entries)
+        return await self._deliver(client, deliveries, entries)
 
-    async def _reclaim(self, client: Redis, deliver: Deliver, stop: asyncio.Event) -> bool:
+    async def _reclaim(self, client: Redis, deliveries: Deliveries, stop: asyncio.Event) -> bool:
         """Take over entries pending longer than ``claim_idle`` (their reader died); process
         them like new ones. False when delivery was stopped."""
         idle_ms = int(self.settings.claim_idle * 1000)
@@ -185,7 +191,7 @@ class RedisConsumer:
                         stream,
                         self.settings.claim_idle,
                     )
-                if not await self._deliver(client, deliver, claimed):
+                if not await self._deliver(client, deliveries, claimed):
                     return False
                 if cursor == "0-0":
                     break
@@ -193,7 +199,7 @@ class RedisConsumer:
         return True
 
     async def _deliver(
-        self, client: Redis, deliver: Deliver, entries: list[tuple[str, str, Any]]
+        self, client: Redis, deliveries: Deliveries, entries: list[tuple[str, str, Any]]
     ) -> bool:
         if not entries:
             return True
@@ -201,10 +207,10 @@ class RedisConsumer:
             decode(stream=stream, entry_id=entry_id, fields=fields)
             for stream, entry_id, fields in entries
         ]
-        try:
-            await deliver(messages)
-        except ConsumerStopping:
-            return False  # still pending: reclaimed by a member later
+        # False: not stored, still pending, reclaimed by a member later
+        return await deliveries.submit(messages, functools.partial(self._ack, client, entries))
+
+    async def _ack(self, client: Redis, entries: list[tuple[str, str, Any]]) -> None:
         by_stream: dict[str, list[str]] = {}
         for stream, entry_id, _ in entries:
             by_stream.setdefault(stream, []).append(entry_id)
@@ -220,7 +226,6 @@ class RedisConsumer:
                 len(entries),
                 exc,
             )
-        return True
 
     async def _forget_idle_members(self, client: Redis, stream: str) -> None:
         try:
