@@ -8,8 +8,10 @@ data-modifying CTE of the business INSERT, key and ``order_id`` taken from the r
 Synchronous commit on, as in production, then off (the statements' own cost, without the
 commit's fsync). Reported: the median transaction's time each way and its ratio to the
 business transaction alone (targets: ≤ 1.25 with ``enqueue``, ≤ 1.10 with the one-statement
-write), and the ratios of the total times. Runs for asyncpg (raw SQL, ``enqueue_async``) and
-for SQLAlchemy Core on psycopg (``insert(orders).returning(...)``, ``enqueue``).
+write), and the ratios of the total times; then the client and server CPU per transaction
+(PostgreSQL on this machine: its backend's CPU read from /proc). Runs for asyncpg (raw SQL,
+``enqueue_async``) and for SQLAlchemy Core on psycopg (``insert(orders).returning(...)``,
+``enqueue``).
 
 Run: ``.venv/bin/python -m benchmarks.write_overhead``
 """
@@ -17,8 +19,11 @@ Run: ``.venv/bin/python -m benchmarks.write_overhead``
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -45,58 +50,105 @@ def message(order_id: object) -> dict[str, Any]:
     }
 
 
-async def asyncpg_times(conn: asyncpg.Connection, schema: str) -> dict[str, list[float]]:
+class Asyncpg:
+    """The three variants' transactions on one asyncpg connection."""
+
+    def __init__(self, conn: asyncpg.Connection, schema: str) -> None:
+        self.conn, self.outbox = conn, outboxer.Outbox(schema=schema)
+        self.insert = (
+            f'INSERT INTO "{schema}".orders (customer, total) VALUES ($1, $2) RETURNING id'
+        )
+
+    async def transaction(self, variant: str, n: int) -> None:
+        async with self.conn.transaction():
+            if variant == "one_statement":
+                sql, args = self.outbox.with_message(
+                    self.insert, (f"c-{n}", 99.95), **message(Returned("id")), driver="asyncpg"
+                )
+                await self.conn.fetchval(sql, *args)
+            else:
+                order_id = await self.conn.fetchval(self.insert, f"c-{n}", 99.95)
+                if variant == "enqueue":
+                    await self.outbox.enqueue_async(self.conn, **message(order_id))
+
+
+class Sqlalchemy:
+    """The three variants' transactions through SQLAlchemy Core on one psycopg connection."""
+
+    def __init__(self, conn: sa.Connection, schema: str) -> None:
+        self.conn, self.outbox = conn, outboxer.Outbox(schema=schema)
+        self.orders = sa.Table(
+            "orders",
+            sa.MetaData(),
+            sa.Column("id", sa.BigInteger, primary_key=True),
+            sa.Column("customer", sa.Text),
+            sa.Column("total", sa.Numeric),
+            schema=schema,
+        )
+
+    def transaction(self, variant: str, n: int) -> None:
+        insert = sa.insert(self.orders).values(customer=f"c-{n}", total=99.95)
+        with self.conn.begin():
+            if variant == "one_statement":
+                returning = insert.returning(self.orders.c.id)
+                statement = with_message(returning, **message(Returned("id")), outbox=self.outbox)
+                self.conn.execute(statement).scalar_one()
+            else:
+                order_id = self.conn.execute(insert.returning(self.orders.c.id)).scalar_one()
+                if variant == "enqueue":
+                    self.outbox.enqueue(self.conn, **message(order_id))
+
+
+async def asyncpg_times(writes: Asyncpg) -> dict[str, list[float]]:
     """Seconds per transaction of each variant, the variants taking turns transaction by
     transaction (a stall of the shared machine's fsync hits them alike)."""
-    outbox = outboxer.Outbox(schema=schema)
-    insert = f'INSERT INTO "{schema}".orders (customer, total) VALUES ($1, $2) RETURNING id'
     times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     for n in range(N):
         for variant in VARIANTS:
             started = time.perf_counter()
-            async with conn.transaction():
-                if variant == "one_statement":
-                    sql, args = outbox.with_message(
-                        insert, (f"c-{n}", 99.95), **message(Returned("id")), driver="asyncpg"
-                    )
-                    await conn.fetchval(sql, *args)
-                else:
-                    order_id = await conn.fetchval(insert, f"c-{n}", 99.95)
-                    if variant == "enqueue":
-                        await outbox.enqueue_async(conn, **message(order_id))
+            await writes.transaction(variant, n)
             times[variant].append(time.perf_counter() - started)
     return times
 
 
-def sqlalchemy_times(engine: sa.Engine, schema: str) -> dict[str, list[float]]:
+def sqlalchemy_times(writes: Sqlalchemy) -> dict[str, list[float]]:
     """As :func:`asyncpg_times`, with SQLAlchemy Core on psycopg."""
-    outbox = outboxer.Outbox(schema=schema)
-    orders = sa.Table(
-        "orders",
-        sa.MetaData(),
-        sa.Column("id", sa.BigInteger, primary_key=True),
-        sa.Column("customer", sa.Text),
-        sa.Column("total", sa.Numeric),
-        schema=schema,
-    )
     times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    with engine.connect() as conn:
-        for n in range(N):
-            for variant in VARIANTS:
-                started = time.perf_counter()
-                insert = sa.insert(orders).values(customer=f"c-{n}", total=99.95)
-                with conn.begin():
-                    if variant == "one_statement":
-                        statement = with_message(
-                            insert.returning(orders.c.id), **message(Returned("id")), outbox=outbox
-                        )
-                        conn.execute(statement).scalar_one()
-                    else:
-                        order_id = conn.execute(insert.returning(orders.c.id)).scalar_one()
-                        if variant == "enqueue":
-                            outbox.enqueue(conn, **message(order_id))
-                times[variant].append(time.perf_counter() - started)
+    for n in range(N):
+        for variant in VARIANTS:
+            started = time.perf_counter()
+            writes.transaction(variant, n)
+            times[variant].append(time.perf_counter() - started)
     return times
+
+
+def backend_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a local PostgreSQL backend has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def cpu_per_transaction(
+    run: Callable[[str, int], Awaitable[None]], pid: int
+) -> dict[str, dict[str, float]]:
+    """Client CPU (this process) and server CPU (the backend, read from /proc: PostgreSQL on
+    this machine) per transaction of each variant, in blocks of N taking turns: CPU time is
+    inflated less than wall time by a busy machine."""
+    used = {variant: [0.0, 0.0] for variant in VARIANTS}
+    for _ in range(ROUNDS):
+        for variant in VARIANTS:
+            client, server = time.process_time(), backend_cpu(pid)
+            for n in range(N):
+                await run(variant, n)
+            used[variant][0] += time.process_time() - client
+            used[variant][1] += backend_cpu(pid) - server
+    return {
+        variant: {
+            "client_us": round(client / (N * ROUNDS) * 1e6, 1),
+            "server_us": round(server / (N * ROUNDS) * 1e6, 1),
+        }
+        for variant, (client, server) in used.items()
+    }
 
 
 async def measure(schema: str, commit: str) -> dict[str, dict[str, list[float]]]:
@@ -108,17 +160,48 @@ async def measure(schema: str, commit: str) -> dict[str, dict[str, list[float]]]
     )
     times: dict[str, dict[str, list[float]]] = {"asyncpg": {}, "sqlalchemy": {}}
     try:
-        for _ in range(ROUNDS):
-            for driver, measured in (
-                ("asyncpg", await asyncpg_times(conn, schema)),
-                ("sqlalchemy", await asyncio.to_thread(sqlalchemy_times, engine, schema)),
-            ):
-                for variant, seconds in measured.items():
-                    times[driver].setdefault(variant, []).extend(seconds)
+        with engine.connect() as sa_conn:
+            writes = Asyncpg(conn, schema), Sqlalchemy(sa_conn, schema)
+            for _ in range(ROUNDS):
+                for driver, measured in (
+                    ("asyncpg", await asyncpg_times(writes[0])),
+                    ("sqlalchemy", await asyncio.to_thread(sqlalchemy_times, writes[1])),
+                ):
+                    for variant, seconds in measured.items():
+                        times[driver].setdefault(variant, []).extend(seconds)
     finally:
         await conn.close()
         engine.dispose()
     return times
+
+
+async def measure_cpu(schema: str) -> dict[str, Any]:
+    """:func:`cpu_per_transaction` of every driver (without the commit's fsync wait, which
+    costs no CPU and only lengthens the run)."""
+    conn = await asyncpg.connect(PG_URL, server_settings={"synchronous_commit": "off"})
+    engine = sa.create_engine(
+        PG_URL.replace("postgresql://", "postgresql+psycopg://"),
+        connect_args={"options": "-c synchronous_commit=off"},
+    )
+    try:
+        with engine.connect() as sa_conn:
+            raw = Asyncpg(conn, schema)
+            core = Sqlalchemy(sa_conn, schema)
+
+            async def through_sqlalchemy(variant: str, n: int) -> None:
+                core.transaction(variant, n)  # (in this thread: its CPU is this process's)
+
+            sa_pid = sa_conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            sa_conn.commit()
+            return {
+                "asyncpg": await cpu_per_transaction(
+                    raw.transaction, await conn.fetchval("SELECT pg_backend_pid()")
+                ),
+                "sqlalchemy": await cpu_per_transaction(through_sqlalchemy, sa_pid),
+            }
+    finally:
+        await conn.close()
+        engine.dispose()
 
 
 def summary(by_variant: dict[str, list[float]]) -> dict[str, float]:
@@ -158,6 +241,9 @@ async def main() -> dict[str, Any]:
                     f"×{figures['total_time_ratio_enqueue']:.2f} / "
                     f"×{figures['total_time_ratio_one_statement']:.2f})"
                 )
+        result["cpu_per_transaction"] = await measure_cpu(schema)
+        for driver, variants in result["cpu_per_transaction"].items():
+            print(f"cpu per tx      {driver:10}", variants)
     save("write_overhead", result)
     return result
 
