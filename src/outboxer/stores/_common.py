@@ -310,6 +310,13 @@ class StoreLifecycle:
         await self.db.close()
 
 
+async def no_doorbell(timeout: float) -> bool:
+    """``wait_for_messages`` of a store that has no doorbell (PostgreSQL since schema 6, SQLite):
+    nothing to wait for but the time; the relay's adaptive polling finds new rows."""
+    await asyncio.sleep(timeout)
+    return False
+
+
 async def wait_for_doorbell(doorbell: asyncio.Event, timeout: float) -> bool:
     """True (and the doorbell cleared) once it rang, False after ``timeout`` seconds."""
     try:

@@ -8,12 +8,11 @@ because a NOTIFY at every inserting commit serialized the commits of the applica
 
 from __future__ import annotations
 
-import asyncio
 import os
 from typing import Any
 
 from outboxer.ports import Claim, ClaimRequest, RelayInfo, Settlement
-from outboxer.stores._common import claim_from_rows
+from outboxer.stores._common import claim_from_rows, no_doorbell
 from outboxer.stores.postgres.connection import PostgresPart
 
 __all__ = ["PostgresRelay"]
@@ -78,9 +77,7 @@ class PostgresRelay(PostgresPart):
             return int(await conn.fetchval(self.q["release_expired"]))
 
     async def wait_for_messages(self, timeout: float) -> bool:
-        # No doorbell (no NOTIFY since schema 6): the relay's adaptive polling finds new rows.
-        await asyncio.sleep(timeout)
-        return False
+        return await no_doorbell(timeout)  # no NOTIFY since schema 6 (docs/adr/0007)
 
     async def heartbeat(self, relay: RelayInfo) -> None:
         async with self.db.connection() as conn:

@@ -17,7 +17,6 @@ Ownership: the store opens and closes its own connection.
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -88,7 +87,6 @@ class SqliteStore(
             self.q = {name: sql.replace(NOW, CLOCK) for name, sql in self.q.items()}
             self.now = CLOCK
         self.db = SqliteDatabase(self.path, self.names, clock=clock, connect=self._connect)
-        self.doorbell = asyncio.Event()
 
     async def _connect(self) -> aiosqlite.Connection:
         """Open the connection in autocommit mode (transactions are explicit); a subclass may

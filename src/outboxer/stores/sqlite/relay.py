@@ -8,13 +8,12 @@ work committed by other processes.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from typing import Any
 
 from outboxer.ports import Claim, ClaimRequest, RelayInfo, Settlement
-from outboxer.stores._common import claim_from_rows, wait_for_doorbell
+from outboxer.stores._common import claim_from_rows, no_doorbell
 from outboxer.stores.sqlite.connection import SqlitePart
 
 __all__ = ["SqliteRelay"]
@@ -22,8 +21,6 @@ __all__ = ["SqliteRelay"]
 
 class SqliteRelay(SqlitePart):
     """The relay's port (:class:`~outboxer.ports.RelayStore`) on SQLite."""
-
-    doorbell: asyncio.Event
 
     async def claim_batch(self, request: ClaimRequest) -> Claim:
         token = int.from_bytes(os.urandom(8), "big") >> 1
@@ -86,7 +83,7 @@ class SqliteRelay(SqlitePart):
 
     async def wait_for_messages(self, timeout: float) -> bool:
         # No cross-process notification in SQLite: the relay's adaptive polling does the work.
-        return await wait_for_doorbell(self.doorbell, timeout)
+        return await no_doorbell(timeout)
 
     async def heartbeat(self, relay: RelayInfo) -> None:
         params = {
