@@ -200,7 +200,7 @@ def _signature(handler: Handler) -> tuple[_Signature, str | None]:
     signature = _Signature(
         decode=decode,
         wants_context=len(positional) >= 2,
-        is_async=HandlerRegistry.is_async(handler),
+        is_async=_is_async(handler),
     )
     return signature, type_name
 
@@ -312,11 +312,15 @@ class HandlerRegistry:
             self._signatures[id(handler)] = signature
         return signature
 
-    @staticmethod
-    def is_async(function: Handler) -> bool:
-        return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
-            getattr(function, "__call__", None)  # noqa: B004 - async callable objects
-        )
+    def is_async(self, handler: Handler) -> bool:
+        """Whether ``handler`` is ``async`` (worked out once, at registration)."""
+        return self._signature(handler).is_async
+
+
+def _is_async(function: Handler) -> bool:
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        getattr(function, "__call__", None)  # noqa: B004 - async callable objects
+    )
 
 
 def load_registry(spec: str) -> HandlerRegistry:
