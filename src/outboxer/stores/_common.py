@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, Self, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from outboxer.errors import ConfigurationError, NotFound, SchemaError, StoreError
 from outboxer.message import Message
@@ -308,6 +308,44 @@ class StoreLifecycle:
 
     async def close(self: _WithSeam) -> None:
         await self.db.close()
+
+
+class _Pool(Protocol):
+    def acquire(self) -> contextlib.AbstractAsyncContextManager[Any]: ...
+
+
+_P = TypeVar("_P", bound=_Pool)
+_C = TypeVar("_C")
+
+
+class PooledDatabase(abc.ABC, Generic[_P, _C]):
+    """The part of a store's connection seam that is the same over any driver pool: the pool
+    (created by the store or borrowed) and its connections, acquired inside the store's
+    translation of driver errors. The store opens and closes the pool, and translates.
+
+    Attributes:
+        store_name: The store's class, named in the error of a store used before it is open.
+    """
+
+    store_name: ClassVar[str]
+    _pool: _P | None
+
+    @property
+    def pool(self) -> _P:
+        if self._pool is None:
+            raise RuntimeError(f"{self.store_name} is not open (use 'async with store:')")
+        return self._pool
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[_C]:
+        """A pooled connection in autocommit (one statement, one round trip)."""
+        with self.translated_errors():
+            async with self.pool.acquire() as conn:
+                yield conn
+
+    @abc.abstractmethod
+    def translated_errors(self) -> contextlib.AbstractContextManager[None]:
+        """Turn the driver's errors raised in the block into outboxer's."""
 
 
 async def no_doorbell(timeout: float) -> bool:

@@ -45,6 +45,7 @@ from asyncmy.cursors import DictCursor
 
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError, SchemaError, StoreError, StoreUnavailable
+from outboxer.stores._common import PooledDatabase
 from outboxer.urls import Option, ParsedUrl, UrlSpec, parse
 
 __all__ = ["URL_SPEC", "Conn", "MysqlDatabase", "MysqlPart", "connect_options", "transaction_on"]
@@ -138,7 +139,7 @@ def translate(exc: BaseException, names: TableNames) -> Exception | None:
     return None
 
 
-class MysqlDatabase:
+class MysqlDatabase(PooledDatabase[asyncmy.Pool, Conn]):
     """The pool of one store, and the one place its driver errors are translated.
 
     Args:
@@ -146,6 +147,8 @@ class MysqlDatabase:
             pool) or an asyncmy pool (borrowed, never closed here).
         names: Table names; ``names.schema`` is a database name (default: the URL's).
     """
+
+    store_name = "MysqlStore"
 
     def __init__(
         self,
@@ -190,25 +193,12 @@ class MysqlDatabase:
                 await asyncio.wait_for(self._pool.wait_closed(), 5)
             self._pool = None
 
-    @property
-    def pool(self) -> asyncmy.Pool:
-        if self._pool is None:
-            raise RuntimeError("MysqlStore is not open (use 'async with store:')")
-        return self._pool
-
     def lock_name(self, purpose: str, *, per_table: bool = True) -> str:
         """A server-wide ``GET_LOCK`` name for this outbox (or, without ``per_table``, for every
         outbox in its database): named locks are not per database and are at most 64
         characters, so the database and table are hashed into it."""
         owner = (f"{self.database}.{self.names.table}" if per_table else self.database).encode()
         return f"outboxer:{purpose}:{hashlib.sha1(owner, usedforsecurity=False).hexdigest()}"
-
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[Conn]:
-        """A pooled connection in autocommit (one statement, one round trip)."""
-        with self.translated_errors():
-            async with self.pool.acquire() as conn:
-                yield conn
 
     @contextlib.asynccontextmanager
     async def transaction(self, begin: str = "START TRANSACTION") -> AsyncIterator[Conn]:

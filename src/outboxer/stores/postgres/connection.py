@@ -31,6 +31,7 @@ from asyncpg.pool import PoolConnectionProxy
 from outboxer import urls
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError, SchemaError, StoreError, StoreUnavailable
+from outboxer.stores._common import PooledDatabase
 
 __all__ = ["URL_SPEC", "Conn", "PostgresDatabase", "PostgresPart", "normalize_url"]
 
@@ -101,7 +102,7 @@ def normalize_url(url: str) -> tuple[str, float]:
     return f"postgresql://{rest}{query}", float(parsed.options["connect_timeout"])
 
 
-class PostgresDatabase:
+class PostgresDatabase(PooledDatabase[asyncpg.Pool, Conn]):
     """The pool of one store, and the one place its driver errors are translated.
 
     Args:
@@ -110,6 +111,8 @@ class PostgresDatabase:
         names: The outbox's table names (named in the ``SchemaError`` of a missing table).
         max_connections: Pool size when the pool is created here.
     """
+
+    store_name = "PostgresStore"
 
     def __init__(
         self, dsn_or_pool: str | asyncpg.Pool, names: TableNames, *, max_connections: int = 10
@@ -146,19 +149,6 @@ class PostgresDatabase:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._pool.close(), 5)
             self._pool = None
-
-    @property
-    def pool(self) -> asyncpg.Pool:
-        if self._pool is None:
-            raise RuntimeError("PostgresStore is not open (use 'async with store:')")
-        return self._pool
-
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[Conn]:
-        """A pooled connection in autocommit (one statement, one round trip)."""
-        with self.translated_errors():
-            async with self.pool.acquire() as conn:
-                yield conn
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:
