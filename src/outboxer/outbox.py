@@ -363,38 +363,13 @@ class Outbox:
         return [row.id for row in rows]
 
 
+#: The outbox of the module-level functions: the default table names.
 _default = Outbox()
 
-
-def enqueue(conn: Any, topic: str, payload: object, **options: Any) -> str:
-    """Add a message to the default outbox in ``conn``'s transaction; see ``Outbox.enqueue``."""
-    return _default.enqueue(conn, topic, payload, **options)
-
-
-async def enqueue_async(conn: Any, topic: str, payload: object, **options: Any) -> str:
-    """Async twin of :func:`enqueue`; see ``Outbox.enqueue_async``."""
-    return await _default.enqueue_async(conn, topic, payload, **options)
-
-
-def enqueue_many(conn: Any, messages: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Add many messages to the default outbox in one round trip; see ``Outbox.enqueue_many``."""
-    return _default.enqueue_many(conn, messages)
-
-
-async def enqueue_many_async(conn: Any, messages: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Async twin of :func:`enqueue_many`; see ``Outbox.enqueue_many_async``."""
-    return await _default.enqueue_many_async(conn, messages)
-
-
-def with_message(
-    statement: str,
-    args: Sequence[Any] | Mapping[str, Any],
-    topic: str,
-    payload: object,
-    *,
-    driver: Literal["asyncpg", "psycopg"],
-    **options: Any,
-) -> tuple[str, list[Any] | dict[str, Any]]:
-    """One statement for the business write and a message of the default outbox; see
-    ``Outbox.with_message``."""
-    return _default.with_message(statement, args, topic, payload, driver=driver, **options)
+# The module-level API is the default outbox's methods (as ``random.randint`` is a method of
+# ``random``'s hidden instance): one signature and one docstring each.
+enqueue = _default.enqueue
+enqueue_async = _default.enqueue_async
+enqueue_many = _default.enqueue_many
+enqueue_many_async = _default.enqueue_many_async
+with_message = _default.with_message
