@@ -120,6 +120,13 @@ class ClaimRequest:
         relay_id: The relay holding the claim (operators see it).
         hold_dead_keys: Ordered only: a key with a publish dead letter is not claimed until that
             dead letter is replayed or purged.
+        behind: Ordered only: claim tokens of this relay's batches in flight. A key's next rows
+            may also be claimed while its earlier rows are leased under one of these tokens; the
+            relay publishes them only after those batches' calls returned, and releases them if
+            an earlier one failed (ADR 0008). A permission, not a duty: a store that does not
+            support it claims as without it (MySQL/MariaDB today). Rows leased under any other
+            token (another relay, or a batch of this one whose settle was abandoned) still
+            block their key.
     """
 
     limit: int
@@ -127,6 +134,7 @@ class ClaimRequest:
     ordered: bool
     relay_id: str
     hold_dead_keys: bool = False
+    behind: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,10 +108,17 @@ def _suspect_head(
 
 
 def _claimable(
-    rows: Sequence[_Row], now: dt.datetime, *, ordered: bool, held: set[str], limit: int
+    rows: Sequence[_Row],
+    now: dt.datetime,
+    *,
+    ordered: bool,
+    held: set[str],
+    limit: int,
+    behind: frozenset[int] = frozenset(),
 ) -> list[_Row]:
     """Up to ``limit`` free rows in write order; in ordered mode none behind an older row of its
-    key that is leased, waiting or suspect, and none of a key held behind a dead letter."""
+    key that is leased (except under a token of ``behind``), waiting or suspect, and none of a
+    key held behind a dead letter."""
     claimed: list[_Row] = []
     blocked: set[str] = set()
     for row in rows:
@@ -119,7 +126,7 @@ def _claimable(
             break
         key = row.message.key
         if row.token is not None or row.available_at > now or row.lease_expiries:
-            if key is not None:
+            if key is not None and row.token not in behind:
                 blocked.add(key)
             continue
         if key is not None and (key in held or (ordered and key in blocked)):
@@ -208,7 +215,10 @@ class InMemoryStore:
         if suspect is not None:
             suspect.locked_alone = True
             return Claim(token, [lease(suspect)], isolated=True, solo_deaths=suspect.solo_deaths)
-        claimable = _claimable(rows, now, ordered=request.ordered, held=held, limit=request.limit)
+        behind = request.behind if request.ordered else frozenset()
+        claimable = _claimable(
+            rows, now, ordered=request.ordered, held=held, limit=request.limit, behind=behind
+        )
         return Claim(token=token, messages=[lease(row) for row in claimable])
 
     def _owned(self, ids: Sequence[str], token: int) -> list[_Row]:

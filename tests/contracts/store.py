@@ -38,14 +38,24 @@ RELAY = "relay-under-test"
 
 
 async def claim(
-    store: RelayStore, limit: int = 100, *, ordered: bool = True, lease: float = 30.0
+    store: RelayStore,
+    limit: int = 100,
+    *,
+    ordered: bool = True,
+    lease: float = 30.0,
+    behind: frozenset[int] = frozenset(),
 ) -> Claim:
     return await store.claim_batch(
-        ClaimRequest(limit=limit, lease_seconds=lease, ordered=ordered, relay_id=RELAY)
+        ClaimRequest(
+            limit=limit, lease_seconds=lease, ordered=ordered, relay_id=RELAY, behind=behind
+        )
     )
 
 
 class StoreContract:
+    #: Whether the store uses ``ClaimRequest.behind`` (a permission: MySQL does not, yet).
+    claims_behind_own_batches = True
+
     def test_the_store_offers_every_port(self, store: Store) -> None:
         for port in (
             RelayStore,
@@ -150,6 +160,33 @@ class StoreContract:
         assert (await claim(store)).messages == []  # a1/a2 still in flight: a3 waits
         await store.settle(first, Settlement(published=[a1, a2]))
         assert [m.id for m in (await claim(store)).messages] == [a3]
+
+    async def test_an_ordered_claim_continues_keys_behind_the_batches_it_is_told_of(
+        self, store: Store, add: Add
+    ) -> None:
+        a1 = await add("t", {"n": 1}, key="a")
+        a2 = await add("t", {"n": 2}, key="a")
+        b1 = await add("t", {"n": 3}, key="b")
+        first = await claim(store, 1)
+        assert [m.id for m in first.messages] == [a1]
+        stranger = frozenset({first.token ^ 1})
+        assert [m.id for m in (await claim(store, behind=stranger)).messages] == [b1]
+        chained = await claim(store, behind=frozenset({first.token}))
+        expected = [a2] if self.claims_behind_own_batches else []
+        assert [m.id for m in chained.messages] == expected
+
+    async def test_rows_another_batch_holds_block_their_key_even_behind_free_rows(
+        self, store: Store, add: Add
+    ) -> None:
+        # The state a fence leaves while a later batch still holds the key's next rows: a free
+        # row, then rows of a batch in flight, then more. Only the first is claimable, unless
+        # the claim is told of that batch.
+        a = [await add("t", {"n": n}, key="a") for n in range(3)]
+        held = await claim(store, 2)
+        await store.settle(held, Settlement(released=[a[0]]))
+        assert [
+            m.id for m in (await claim(store, behind=frozenset({held.token ^ 1}))).messages
+        ] == [a[0]]
 
     async def test_a_failing_head_blocks_only_its_key(self, store: Store, add: Add) -> None:
         a1 = await add("t", {"n": 1}, key="a")

@@ -165,6 +165,49 @@ async def test_behind_a_failed_message_its_key_is_released_even_if_the_broker_to
     assert [(d.id, d.attempts) for d in dead] == ([(slow[1], 1)] if failure == "permanent" else [])
 
 
+async def test_chained_batches_continue_a_busy_key_and_a_failure_fences_the_later_ones() -> None:
+    """With a pipelining publisher an ordered relay claims the next rows of a key it is still
+    publishing (batches of 5 of one key, three in flight), publishes them only after the earlier
+    call returned, and, when message 7 fails, releases 8-9 (behind it in its call) and the whole
+    next batch, unsent (behind it across batches)."""
+    store = SettleLog()
+    ids = [store.enqueue("t", {"n": n}, key="a") for n in range(30)]
+    claims: list[list[str]] = []
+    original_claim = store.claim_batch
+
+    async def claim_batch(request: ClaimRequest) -> Claim:
+        claim = await original_claim(request)
+        claims.append([m.id for m in claim.messages])
+        return claim
+
+    store.claim_batch = claim_batch  # type: ignore[method-assign]
+    failures = {"left": 1}
+    attempted: list[list[str]] = []
+
+    class Slow(RecordingPublisher):
+        async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+            attempted.append([m.id for m in messages])
+            await asyncio.sleep(0.02)  # the next claims happen while this call is out
+            return await super().publish(messages)
+
+    def flaky(message: Message) -> PublishError | None:
+        if message.id == ids[7] and failures["left"]:
+            failures["left"] -= 1
+            return RetryablePublishError("try again")
+        return None
+
+    publisher = Slow(fail=flaky, keeps_key_order=True)
+    relay = Relay(store, publisher, settings(batch_size=5, max_in_flight_batches=3))
+    await relay.drain(timeout=10)
+    assert claims[:3] == [ids[0:5], ids[5:10], ids[10:15]], "claimed behind its own leases"
+    assert store.published() == ids, "settled in write order"
+    assert attempted[:2] == [ids[0:5], ids[5:10]]
+    sent = [i for call in attempted for i in call]
+    retried = [n for n, i in enumerate(sent) if i == ids[7]][1]
+    assert sent.index(ids[10]) > retried, "the batch behind the failure was released unsent"
+    assert (await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)).items == []
+
+
 async def test_broker_outage_backs_off_exponentially_and_resets_after_success() -> None:
     store = InMemoryStore()
     store.enqueue("t", {"n": 1})

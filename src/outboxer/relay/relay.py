@@ -18,7 +18,10 @@ What a failure does:
   claiming along the outage backoff (5, 10, 20, 40, 60 s ...) until a publish succeeds.
 - Ordered mode: a key's later messages in the batch behind a failed one are released (no
   attempt counted) even when the broker took them (a run pipelined in one call, for a publisher
-  that keeps key order): they are published again after it, never settled ahead of it.
+  that keeps key order): they are published again after it, never settled ahead of it. With
+  such a publisher a claim may also continue keys of this relay's batches in flight (chained
+  batches, ADR 0008); a chained batch is published after them and sends nothing of a key that
+  failed there.
 - A batch in flight keeps its lease: it is extended every third of a lease until the batch is
   settled, so a slow publish is never taken over by another live relay.
 - A message whose lease expired (its relay died or froze holding it) is claimed alone and
@@ -47,7 +50,7 @@ import os
 import secrets
 import socket
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from outboxer.config import RelaySettings
@@ -97,6 +100,27 @@ class RelayCounters:
     released: int = 0
     batches: int = 0
     outages: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class _Chained:
+    """A batch of an ordered relay that may continue key runs of batches it still has in
+    flight (``ClaimRequest.behind``, ADR 0008).
+
+    ``before`` maps each of its keys that an earlier batch in flight held when it was claimed to
+    that batch: it publishes only after those batches' calls returned, and releases the
+    messages of every key that failed there. ``failed`` is filled in before ``published`` is
+    set: its keys with a message not published (failed, released, or never sent).
+    """
+
+    token: int
+    keys: set[str]
+    before: dict[str, _Chained] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+    published: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Settled (or given up): forgotten before the next claim, after which its rows (if a settle
+    #: was abandoned, they are still leased) block their keys again.
+    done: bool = False
 
 
 def _log_death(task: asyncio.Task[None]) -> None:
@@ -150,6 +174,9 @@ class Relay:
         )
         self.counters = RelayCounters()
         self._failure_log = FailureLog(log, self.settings.max_attempts, self._now)
+        # Ordered mode: a key's run of a batch in one call when the broker keeps its order, and
+        # then the next rows of the keys in flight may be claimed too (chained batches).
+        self._pipelines_runs = self.settings.ordered and keeps_key_order(publisher)
         self._claim_request = ClaimRequest(
             limit=self.settings.batch_size,
             lease_seconds=self.settings.lease_seconds,
@@ -157,8 +184,10 @@ class Relay:
             relay_id=self.relay_id,
             hold_dead_keys=self.settings.hold_keys_after_dead_letter,
         )
-        # Ordered mode: a key's run of a batch in one call when the broker keeps its order.
-        self._pipelines_runs = keeps_key_order(publisher)
+        #: Ordered, pipelined (ADR 0008): the batches in flight by claim token, and those that
+        #: took each key, in claim order.
+        self._chains: dict[int, _Chained] = {}
+        self._key_holders: dict[str, list[_Chained]] = {}
         self._window = asyncio.Semaphore(self.settings.max_in_flight_batches)
         self._in_flight: set[asyncio.Task[None]] = set()
         self._settled_batches = 0
@@ -300,8 +329,11 @@ class Relay:
             await self._sleep(wait)
             return None
         started = self._now()
+        request = self._claim_request
+        if self._pipelines_runs:
+            request = replace(request, behind=self._live_chains())
         try:
-            claim = await self.store.claim_batch(self._claim_request)
+            claim = await self.store.claim_batch(request)
         except StoreError as exc:
             self.observer.store_unavailable("claim")
             self._store_failures += 1
@@ -320,7 +352,16 @@ class Relay:
     def _start_delivery(self, claim: Claim) -> None:
         """Publish and settle ``claim`` in a task of its own (one of the window's slots)."""
         self.counters.claimed += len(claim.messages)
-        task = asyncio.create_task(self._deliver(claim))
+        chained: _Chained | None = None
+        if self._pipelines_runs and not claim.isolated:
+            keys = {m.key for m in claim.messages if m.key is not None}
+            chained = self._chains[claim.token] = _Chained(claim.token, keys)
+            for key in keys:
+                holders = self._key_holders.setdefault(key, [])
+                if holders:  # the latest: it waits for (and fences behind) the ones before it
+                    chained.before[key] = holders[-1]
+                holders.append(chained)
+        task = asyncio.create_task(self._deliver(claim, chained))
         self._in_flight.add(task)
         task.add_done_callback(self._delivered)
         self.observer.in_flight(len(self._in_flight))
@@ -472,16 +513,38 @@ class Relay:
 
     # -- one batch ---------------------------------------------------------------------------
 
-    async def _deliver(self, claim: Claim) -> None:
+    async def _deliver(self, claim: Claim, chained: _Chained | None = None) -> None:
         keeper = asyncio.create_task(self._keep_lease(claim), name="outboxer-lease")
         keeper.add_done_callback(_log_death)
         try:
             if claim.isolated:
                 await self._deliver_alone(claim)
             else:
-                await self._publish_and_settle(claim)
+                await self._publish_and_settle(claim, chained)
         finally:
             keeper.cancel()
+            if chained is not None:
+                if not chained.published.is_set():  # never published (stopped): all failed
+                    chained.failed = chained.keys
+                    chained.published.set()
+                chained.done = True
+
+    def _live_chains(self) -> frozenset[int]:
+        """Forget the chained batches that are done, and return the tokens of the others.
+
+        Called before each claim, never during one: a batch that ends while a claim runs may
+        have rows that claim took behind it, so it stays known (its ``failed`` keys fence them)
+        until the claim's batch is registered.
+        """
+        for token, chained in list(self._chains.items()):
+            if chained.done:
+                del self._chains[token]
+                for key in chained.keys:
+                    holders = self._key_holders[key]
+                    holders.remove(chained)
+                    if not holders:
+                        del self._key_holders[key]
+        return frozenset(self._chains)
 
     async def _deliver_alone(self, claim: Claim) -> None:
         """Crash isolation: publish a suspect (a message whose lease expired: its relay died or
@@ -533,7 +596,7 @@ class Relay:
                     len(claim.messages),
                 )
 
-    async def _publish_and_settle(self, claim: Claim) -> None:
+    async def _publish_and_settle(self, claim: Claim, chained: _Chained | None = None) -> None:
         settlement = Settlement()
         try:
             if not self.settings.ordered:
@@ -541,7 +604,7 @@ class Relay:
                 results = await self._publish(claim.messages)
                 self._classify(claim.messages, results, settlement, self._now() - started)
             elif self._pipelines_runs:
-                await self._publish_runs(claim.messages, settlement)
+                await self._publish_runs(claim.messages, settlement, chained)
             else:
                 await self._publish_in_waves(claim.messages, settlement)
         except asyncio.CancelledError:
@@ -556,7 +619,9 @@ class Relay:
         self.counters.batches += 1
         await self._settle(claim, settlement)
 
-    async def _publish_runs(self, messages: Sequence[Message], settlement: Settlement) -> None:
+    async def _publish_runs(
+        self, messages: Sequence[Message], settlement: Settlement, chained: _Chained | None
+    ) -> None:
         """Publish a claim in one call, key runs included, for a publisher that keeps key order.
 
         The broker stores the messages of one key in the order of the call, so a run needs no
@@ -567,11 +632,24 @@ class Relay:
         result (no attempt counted): it stays in the outbox behind k and is published again
         after k succeeds or is dead-lettered. A copy the broker accepted is then a duplicate,
         at most the rest of that key's run in this batch (docs/guarantees.md).
+
+        A chained batch (its keys continue runs of batches still in flight here) first waits
+        until those batches' calls returned, and releases, unsent, the messages of every key
+        that did not go through there: the same fence, across batches.
         """
+        failed: set[str] = set()
+        if chained is not None:
+            for earlier in {id(b): b for b in chained.before.values()}.values():
+                await earlier.published.wait()
+            failed = {key for key, earlier in chained.before.items() if key in earlier.failed}
+        unsent = [m.id for m in messages if m.key is not None and m.key in failed]
+        if unsent:
+            messages = [m for m in messages if m.key is None or m.key not in failed]
+            settlement.released.extend(unsent)
+            self.counters.released += len(unsent)
         started = self._now()
         results = await self._publish(messages)
         seconds = self._now() - started
-        failed: set[str] = set()
         ahead: list[Message] = []
         ahead_results: list[PublishError | None] = []
         behind: list[str] = []
@@ -589,6 +667,11 @@ class Relay:
         self._classify(ahead, ahead_results, settlement, seconds)
         settlement.released.extend(behind)
         self.counters.released += len(behind)
+        if chained is not None:
+            published = set(settlement.published)
+            keys = {m.key for m in messages if m.key is not None and m.id not in published}
+            chained.failed = failed | keys
+            chained.published.set()
         if accepted_behind:
             log.warning(
                 "%d messages were accepted by the broker behind a failed message of their key: "

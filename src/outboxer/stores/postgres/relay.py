@@ -31,7 +31,7 @@ class PostgresRelay(PostgresPart):
             float(request.lease_seconds),
         )
         if request.ordered:
-            args += (request.hold_dead_keys,)
+            args += (request.hold_dead_keys, list(request.behind))
         async with self.db.connection() as conn:
             rows = await conn.fetch(query, *args)
         return claim_from_rows(token, rows)

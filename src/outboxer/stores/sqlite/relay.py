@@ -30,6 +30,7 @@ class SqliteRelay(SqlitePart):
             "lease": request.lease_seconds,
             "limit": request.limit,
             "hold": request.hold_dead_keys,
+            "behind": json.dumps(sorted(request.behind) if request.ordered else []),
         }
         mode = "ordered" if request.ordered else "unordered"
         async with self.db.transaction() as conn:

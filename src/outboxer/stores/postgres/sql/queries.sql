@@ -44,6 +44,10 @@ RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.head
 --     key up to it equals its rank among our candidates of that key: no gap before it. (A
 --     suspect is such a gap too: it is never a candidate.)
 -- Crash isolation (0005): a suspect that heads its key is claimed alone, before anything else.
+-- Rows leased under a token of $6 (behind: this relay's batches in flight, ADR 0008) neither
+-- block their key's head nor count in 2.: the relay claims the next rows of keys it is
+-- publishing itself, publishes them after the earlier ones and releases them if an earlier one
+-- failed. Rows leased under any other token still break the count.
 WITH suspect AS MATERIALIZED (
     SELECT o.ctid FROM {outbox} o
     WHERE o.lease_expiries > 0 AND o.claim_token IS NULL AND o.available_at <= now()
@@ -66,7 +70,8 @@ WITH suspect AS MATERIALIZED (
       AND (o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM (SELECT h.claim_token, h.available_at FROM {outbox} h
                            WHERE h.key = o.key ORDER BY h.seq LIMIT 1) head
-            WHERE head.claim_token IS NOT NULL OR head.available_at > now()))
+            WHERE (head.claim_token IS NOT NULL AND head.claim_token <> ALL($6::bigint[]))
+               OR head.available_at > now()))
     ORDER BY o.seq
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -83,7 +88,9 @@ WHERE o.ctid = ANY(ARRAY(
     SELECT ctid FROM candidates WHERE key IS NULL
     UNION ALL
     SELECT r.ctid FROM ranked r
-    WHERE (SELECT count(*) FROM {outbox} k WHERE k.key = r.key AND k.seq <= r.seq) = r.rank))
+    WHERE (SELECT count(*) FROM {outbox} k
+           WHERE k.key = r.key AND k.seq <= r.seq
+             AND (k.claim_token IS NULL OR k.claim_token <> ALL($6::bigint[]))) = r.rank))
 RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.headers::text,
           o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths
 

@@ -19,6 +19,8 @@ RETURNING id, seq, topic, key, type, payload, content_type, headers, created_at,
 -- name: claim_ordered
 -- See the PostgreSQL query of the same name. SQLite claims are serialized by BEGIN IMMEDIATE,
 -- so no other relay can be claiming concurrently: no SKIP LOCKED gaps, only delayed rows.
+-- Rows leased under a token of :behind (this relay's batches in flight, a JSON list) neither
+-- block their key nor count as a gap (ADR 0008); a row leased under any other token does.
 UPDATE {outbox}
 SET claim_token = :token, locked_by = :relay,
     locked_until = (julianday('now') - 2440587.5) * 86400.0 + :lease
@@ -29,16 +31,20 @@ WHERE seq IN (
       AND (o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM (SELECT h.claim_token, h.available_at FROM {outbox} h
                            WHERE h.key = o.key ORDER BY h.seq LIMIT 1) head
-            WHERE head.claim_token IS NOT NULL
+            WHERE (head.claim_token IS NOT NULL
+                   AND head.claim_token NOT IN (SELECT value FROM json_each(:behind)))
                OR head.available_at > (julianday('now') - 2440587.5) * 86400.0))
       -- a key whose earlier message is a dead letter stays on hold, if the relay asks so
       AND (NOT :hold OR o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {dead_letters} d WHERE d.key = o.key AND d.direction = 'publish'))
-      -- no gap (a delayed row, or a suspect: it goes alone) between the key's head and this row
+      -- no gap (a delayed row, a suspect: it goes alone, or a row another relay holds) between
+      -- the key's head and this row
       AND (o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {outbox} g
             WHERE g.key = o.key AND g.seq < o.seq
-              AND (g.available_at > (julianday('now') - 2440587.5) * 86400.0 OR g.lease_expiries > 0)))
+              AND (g.available_at > (julianday('now') - 2440587.5) * 86400.0 OR g.lease_expiries > 0
+                   OR (g.claim_token IS NOT NULL
+                       AND g.claim_token NOT IN (SELECT value FROM json_each(:behind))))))
     ORDER BY o.seq LIMIT :limit)
 RETURNING id, seq, topic, key, type, payload, content_type, headers, created_at, available_at,
           attempts, lease_expiries, solo_deaths
