@@ -49,6 +49,7 @@ from outboxer.ports import (
 from outboxer.stores._common import (
     check_limit,
     decode_headers,
+    envelope_of,
     message_not_found,
     parse_cursor,
     wait_for_doorbell,
@@ -59,20 +60,6 @@ __all__ = ["InMemoryStore", "RecordingPublisher"]
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def _envelope(m: Message) -> dict[str, Any]:
-    """The fields a dead letter or an operator's view of a message copies from it."""
-    return {
-        "id": m.id,
-        "topic": m.topic,
-        "key": m.key,
-        "type": m.type,
-        "payload": m.payload,
-        "content_type": m.content_type,
-        "headers": m.headers,
-        "created_at": m.created_at,
-    }
 
 
 @dataclass(slots=True)
@@ -249,7 +236,7 @@ class InMemoryStore:
             self._dead[m.id] = (
                 self._seq,
                 DeadLetter(
-                    **_envelope(m),
+                    **envelope_of(m),
                     dead_lettered_at=now,
                     failure_reason=dead[m.id],
                     attempts=m.attempts + 1,
@@ -392,7 +379,7 @@ class InMemoryStore:
         else:
             state = "pending"
         return OutboxMessage(
-            **_envelope(m),
+            **envelope_of(m),
             next_attempt_at=row.available_at,
             attempts=m.attempts,
             last_error=row.last_error,
@@ -489,7 +476,7 @@ class InMemoryStore:
         self._dead[message.id] = (
             self._seq,
             DeadLetter(
-                **_envelope(message),
+                **envelope_of(message),
                 dead_lettered_at=self._clock(),
                 failure_reason=reason,
                 attempts=attempts,

@@ -24,6 +24,7 @@ from outboxer.ports import (
     MessagePage,
     OutboxMessage,
     OutboxStats,
+    PendingFailure,
     RelayInfo,
     SweepReport,
 )
@@ -63,6 +64,17 @@ def message_from_row(row: Row) -> Message:
         **_envelope(row),
         available_at=to_datetime(row["available_at"]),
         attempts=row["attempts"],
+    )
+
+
+def pending_failure_from_row(row: Row) -> PendingFailure:
+    """A row of the ``inbox_failure_lock`` query (the failure's message, its consume attempts
+    and whether the message was handled)."""
+    return PendingFailure(
+        seq=int(row["seq"]),
+        message=message_from_row(row),
+        attempts=int(row["consume_attempts"]),
+        handled=bool(row["handled"]),
     )
 
 
@@ -444,6 +456,49 @@ class Sweeping:
     async def last_sweep(self) -> SweepReport | None:
         row = await self._last_sweep_row()
         return sweep_report(row) if row is not None else None
+
+
+class _Connecting(Protocol):
+    def connection(self) -> contextlib.AbstractAsyncContextManager[Any]: ...
+
+
+_Session_co = TypeVar("_Session_co", bound="SqlInboxSession", covariant=True)
+
+
+class _WithInboxSeam(Protocol[_Session_co]):
+    @property
+    def db(self) -> _Connecting: ...
+
+    @property
+    def q(self) -> Mapping[str, str]: ...
+
+    @property
+    def Session(self) -> type[_Session_co]: ...
+
+
+class SqlInbox:
+    """Mixin: the inbox port (:class:`~outboxer.ports.InboxStore`) of a SQL store, sessions of
+    its dialect's ``Session`` (a :class:`SqlInboxSession`) each holding a connection of its
+    seam ``db`` for a chunk of deliveries or a round of re-drives."""
+
+    def inbox_session(
+        self: _WithInboxSeam[_Session_co],
+    ) -> contextlib.AbstractAsyncContextManager[_Session_co]:
+        return self.Session.held(self.db.connection(), self.q)
+
+
+def envelope_of(message: Message) -> dict[str, Any]:
+    """A message's envelope fields by name (what a stored copy of it keeps)."""
+    return {
+        "id": message.id,
+        "topic": message.topic,
+        "key": message.key,
+        "type": message.type,
+        "payload": message.payload,
+        "content_type": message.content_type,
+        "headers": message.headers,
+        "created_at": message.created_at,
+    }
 
 
 #: The one savepoint name of the inbox: a handler runs inside it (see ``SqlInboxSession``).

@@ -21,7 +21,13 @@ from typing import Any, cast
 
 from outboxer.message import Message, encode_headers
 from outboxer.ports import ConsumeFailure, InboxReceipt, PendingFailure, failure_reason
-from outboxer.stores._common import Row, SqlInboxSession, message_from_row
+from outboxer.stores._common import (
+    Row,
+    SqlInbox,
+    SqlInboxSession,
+    envelope_of,
+    pending_failure_from_row,
+)
 from outboxer.stores.mysql.connection import MysqlPart, execute, fetch_all, transaction_on
 from outboxer.stores.mysql.relay import micros, text_row, utc
 
@@ -29,13 +35,6 @@ __all__ = ["MysqlInbox"]
 
 #: What ``inbox_receive`` appends for one message: inserted, inserted but blocked, or there.
 _FRESH, _BLOCKED, _DUPLICATE = "f", "b", "d"
-
-
-class MysqlInbox(MysqlPart):
-    """The inbox port (:class:`~outboxer.ports.InboxStore`) on MySQL."""
-
-    def inbox_session(self) -> contextlib.AbstractAsyncContextManager[_Session]:
-        return _Session.held(self.db.connection(), self.q)
 
 
 class _Session(SqlInboxSession):
@@ -100,14 +99,9 @@ class _Session(SqlInboxSession):
         rows = await self.fetch(self.q["inbox_failure_lock"], args)
         if not rows:
             return None
-        row = rows[0]
         [handled] = await self.fetch(self.q["inbox_handled"], args)
-        return PendingFailure(
-            seq=int(row["seq"]),
-            message=message_from_row(text_row(cast("dict[str, Any]", row))),
-            attempts=int(row["consume_attempts"]),
-            handled=bool(handled["handled"]),
-        )
+        row = text_row(cast("dict[str, Any]", rows[0]))
+        return pending_failure_from_row({**row, "handled": handled["handled"]})
 
     async def delete_failure(self, seq: int) -> None:
         await self.execute(self.q["inbox_failure_delete"], {"seq": seq})
@@ -125,14 +119,15 @@ class _Session(SqlInboxSession):
         await self.execute(self.q["inbox_set_done"], args)
 
 
+class MysqlInbox(MysqlPart, SqlInbox):
+    """The inbox port (:class:`~outboxer.ports.InboxStore`) on MySQL."""
+
+    Session = _Session
+
+
 def _message_args(message: Message) -> dict[str, Any]:
     return {
-        "id": message.id,
-        "topic": message.topic,
-        "key": message.key,
-        "type": message.type,
-        "payload": message.payload,
-        "content_type": message.content_type,
+        **envelope_of(message),
         "headers": encode_headers(message.headers),
         "created_at": utc(message.created_at),
     }

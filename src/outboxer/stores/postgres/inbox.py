@@ -14,17 +14,10 @@ from typing import Any
 
 from outboxer.message import Message, encode_headers
 from outboxer.ports import ConsumeFailure, InboxReceipt, PendingFailure, failure_reason
-from outboxer.stores._common import Row, SqlInboxSession, message_from_row
+from outboxer.stores._common import Row, SqlInbox, SqlInboxSession, pending_failure_from_row
 from outboxer.stores.postgres.connection import PostgresPart
 
 __all__ = ["PostgresInbox"]
-
-
-class PostgresInbox(PostgresPart):
-    """The inbox port (:class:`~outboxer.ports.InboxStore`) on PostgreSQL."""
-
-    def inbox_session(self) -> contextlib.AbstractAsyncContextManager[_Session]:
-        return _Session.held(self.db.connection(), self.q)
 
 
 class _Session(SqlInboxSession):
@@ -81,13 +74,7 @@ class _Session(SqlInboxSession):
         rows = await self.fetch(self.q["inbox_failure_lock"], (consumer, message_id))
         if not rows:
             return None
-        row = rows[0]
-        return PendingFailure(
-            seq=row["seq"],
-            message=message_from_row(row),
-            attempts=row["consume_attempts"],
-            handled=row["handled"],
-        )
+        return pending_failure_from_row(rows[0])
 
     async def delete_failure(self, seq: int) -> None:
         await self.execute(self.q["inbox_failure_delete"], (seq,))
@@ -101,6 +88,12 @@ class _Session(SqlInboxSession):
 
     async def set_done(self, consumer: str, message_id: str, retention: float) -> None:
         await self.execute(self.q["inbox_set_done"], (consumer, message_id, retention))
+
+
+class PostgresInbox(PostgresPart, SqlInbox):
+    """The inbox port (:class:`~outboxer.ports.InboxStore`) on PostgreSQL."""
+
+    Session = _Session
 
 
 def _message_args(message: Message) -> tuple[Any, ...]:

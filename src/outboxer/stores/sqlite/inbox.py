@@ -16,17 +16,16 @@ from typing import Any
 
 from outboxer.message import Message, encode_headers
 from outboxer.ports import ConsumeFailure, InboxReceipt, PendingFailure, failure_reason
-from outboxer.stores._common import Row, SqlInboxSession, message_from_row
+from outboxer.stores._common import (
+    Row,
+    SqlInbox,
+    SqlInboxSession,
+    envelope_of,
+    pending_failure_from_row,
+)
 from outboxer.stores.sqlite.connection import SqlitePart, immediate
 
 __all__ = ["SqliteInbox"]
-
-
-class SqliteInbox(SqlitePart):
-    """The inbox port (:class:`~outboxer.ports.InboxStore`) on SQLite."""
-
-    def inbox_session(self) -> contextlib.AbstractAsyncContextManager[_Session]:
-        return _Session.held(self.db.connection(), self.q)
 
 
 class _Session(SqlInboxSession):
@@ -93,13 +92,7 @@ class _Session(SqlInboxSession):
         )
         if not rows:
             return None
-        row = rows[0]
-        return PendingFailure(
-            seq=row["seq"],
-            message=message_from_row(row),
-            attempts=row["consume_attempts"],
-            handled=bool(row["handled"]),
-        )
+        return pending_failure_from_row(rows[0])
 
     async def delete_failure(self, seq: int) -> None:
         await self.execute(self.q["inbox_failure_delete"], {"seq": seq})
@@ -117,14 +110,15 @@ class _Session(SqlInboxSession):
         await self.execute(self.q["inbox_set_done"], params)
 
 
+class SqliteInbox(SqlitePart, SqlInbox):
+    """The inbox port (:class:`~outboxer.ports.InboxStore`) on SQLite."""
+
+    Session = _Session
+
+
 def _message_params(message: Message) -> dict[str, Any]:
     return {
-        "id": message.id,
-        "topic": message.topic,
-        "key": message.key,
-        "type": message.type,
-        "payload": message.payload,
-        "content_type": message.content_type,
+        **envelope_of(message),
         "headers": encode_headers(message.headers),
         "created_at": message.created_at.timestamp(),
     }
