@@ -427,19 +427,7 @@ class InMemoryStore:
             if d.direction != "publish" or d.id in self._rows:
                 continue
             del self._dead[d.id]
-            self._add(
-                Message(
-                    id=d.id,
-                    topic=d.topic,
-                    payload=d.payload,
-                    key=d.key,
-                    type=d.type,
-                    headers=d.headers,
-                    content_type=d.content_type,
-                    created_at=d.created_at,
-                    available_at=self._clock(),
-                )
-            )
+            self._add(Message(**envelope_of(d), available_at=self._clock()))
             replayed.append(d.id)
         # Consume dead letters are re-driven to their consumer instead (see docs/inbox.md).
         return replayed + self._replay_consume_dead_letters(flt)

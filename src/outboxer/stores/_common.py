@@ -487,8 +487,9 @@ class SqlInbox:
         return self.Session.held(self.db.connection(), self.q)
 
 
-def envelope_of(message: Message) -> dict[str, Any]:
-    """A message's envelope fields by name (what a stored copy of it keeps)."""
+def envelope_of(message: Message | DeadLetter) -> dict[str, Any]:
+    """A message's envelope fields by name: what a stored copy of it keeps (a dead letter,
+    an operator's view), and what a replayed dead letter is written again with."""
     return {
         "id": message.id,
         "topic": message.topic,
