@@ -91,12 +91,13 @@ async def pg_store(pg_url: str, pg_schema: str) -> AsyncIterator[PostgresStore]:
         yield store
 
 
-async def wait_past_commit_gate(store: PostgresStore, timeout: float = 10.0) -> None:
+async def wait_past_commit_gate(store: PostgresStore, timeout: float = 60.0) -> None:
     """Wait until every committed outbox row has passed the commit-order gate.
 
     Ordered claims take a row only once no transaction older than the row's is running
     anywhere in the cluster; tests running in parallel keep short transactions open, so a test
-    that expects its rows claimable at once waits for that instant first.
+    that expects its rows claimable at once waits for that instant first. The wait is long (60 s)
+    because any long transaction in the cluster (another process's bulk load) holds the gate.
     """
     import asyncio
     import time
