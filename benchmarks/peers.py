@@ -322,22 +322,14 @@ class RelayProcess:
         self.log.close()
 
 
+def relay_command(schema: str, broker: str, *extra: str) -> list[str]:
+    """The ``outboxer relay`` command line a user would run, quiet but for warnings."""
+    quiet = [OUTBOXER, "--log-level", "WARNING", "relay"]
+    return [*quiet, "--database-url", PG_URL, "--schema", schema, "--broker", broker, *extra]
+
+
 def outboxer_relay(schema: str, broker: str, *extra: str) -> RelayProcess:
-    return RelayProcess(
-        [
-            OUTBOXER,
-            "--log-level",
-            "WARNING",
-            "relay",
-            "--database-url",
-            PG_URL,
-            "--schema",
-            schema,
-            "--broker",
-            broker,
-            *extra,
-        ]
-    )
+    return RelayProcess(relay_command(schema, broker, *extra))
 
 
 async def wait_for(predicate: Callable[[], Any], timeout: float, relay: RelayProcess) -> None:

@@ -28,12 +28,12 @@ import redis.asyncio as aioredis
 
 import outboxer
 from benchmarks.common import PAYLOAD, PG_URL, NullPublisher, fill, fresh_schema, save
+from benchmarks.peers import relay_command
 from outboxer.config import RelaySettings, TableNames
 from outboxer.ports import ClaimRequest
 from outboxer.relay import Relay
 from outboxer.stores.postgres import PostgresStore
 
-OUTBOXER = str(Path(sys.executable).parent / "outboxer")
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -41,19 +41,7 @@ def start_relays(count: int, schema: str, *extra: str) -> list[subprocess.Popen[
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
     return [
         subprocess.Popen(
-            [
-                OUTBOXER,
-                "--log-level",
-                "WARNING",
-                "relay",
-                "--database-url",
-                PG_URL,
-                "--schema",
-                schema,
-                "--broker",
-                "redis://127.0.0.1:6379/0",
-                *extra,
-            ],
+            relay_command(schema, "redis://127.0.0.1:6379/0", *extra),
             env=env,
             cwd=ROOT,
             stdout=subprocess.DEVNULL,

@@ -133,6 +133,14 @@ async def first_delivery_orders(stream: str) -> tuple[dict[str, list[int]], int,
     return orders, len(entries), len(seen)
 
 
+async def wait_published(client: aioredis.Redis, stream: str, count: int) -> None:
+    """Wait (up to 60 s) until the relays have put ``count`` messages on the stream."""
+    deadline = time.monotonic() + 60
+    while await client.xlen(stream) < count:
+        assert time.monotonic() < deadline, "relays made no progress"
+        await asyncio.sleep(0.05)
+
+
 async def wait_drained(store: PostgresStore | MysqlStore, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -211,10 +219,7 @@ async def test_postgresql_restart_mid_run_loses_nothing(
     )
     try:
         client = aioredis.Redis()
-        deadline = time.monotonic() + 60
-        while await client.xlen(redis_stream) < total // 4:
-            assert time.monotonic() < deadline, "relays made no progress"
-            await asyncio.sleep(0.05)
+        await wait_published(client, redis_stream, total // 4)
         await client.aclose()
         version = os.listdir("/etc/postgresql")[0]
         restart = await asyncio.create_subprocess_exec(
@@ -300,10 +305,7 @@ async def test_mariadb_restart_mid_run_loses_nothing(
     relays = Relays(relay_args(mysql_url, mysql_database, "redis://127.0.0.1:6379/0"), 2, tmp_path)
     try:
         client = aioredis.Redis()
-        deadline = time.monotonic() + 60
-        while await client.xlen(redis_stream) < total // 4:
-            assert time.monotonic() < deadline, "relays made no progress"
-            await asyncio.sleep(0.05)
+        await wait_published(client, redis_stream, total // 4)
         try:
             await stop_mariadb()
             published = await client.xlen(redis_stream)  # when MariaDB went away
