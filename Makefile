@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The demo needs only the core (click, aiosqlite): no services, no compilers, no apt.
 DEMO_STAMP := $(VENV)/.demo-installed
 
-.PHONY: demo test lint unit soak bench clean chromium mysqlclient-deps
+.PHONY: demo test lint unit soak bench clean chromium mysqlclient-deps services
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,9 +43,13 @@ chromium:
 # The whole suite against the real services (PostgreSQL, MariaDB, RabbitMQ, NATS, Redis here;
 # the Kafka-protocol broker Tansu is started by the tests). Chaos tests (they kill relays and
 # restart PostgreSQL) run afterwards, one at a time. Long soaks are `make soak`.
-test: lint chromium
+test: lint chromium services
 	$(BIN)/python -m pytest -n 2 -m "not soak and not chaos" -p no:cacheprovider
 	$(BIN)/python -m pytest -m chaos -p no:cacheprovider
+
+# Start any of the suite's services that is down, with the command this machine uses for it.
+services:
+	$(PYTHON) tests/services.py
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

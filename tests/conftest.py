@@ -22,18 +22,11 @@ from outboxer.outbox import Outbox
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
+from tests.services import START
 
 PG_URL = os.environ.get("OUTBOXER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 #: The server of MySQL tests; each test gets a fresh database on it (see ``mysql_database``).
 MYSQL_URL = os.environ.get("OUTBOXER_TEST_MYSQL", "mysql://root@127.0.0.1:3306/test")
-
-START = {
-    "PostgreSQL": "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
-    "Redis": 'redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no',
-    "RabbitMQ": "rabbitmq-server -detached",
-    "NATS": "nats-server -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server &",
-    "MariaDB": "/etc/init.d/mariadb start",
-}
 
 
 def require_service(name: str, host: str, port: int) -> None:

@@ -9,7 +9,6 @@ The broker is Redis Streams behind a TCP proxy the test can cut; the relays are 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -29,7 +28,8 @@ import outboxer
 from outboxer.config import TableNames
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
-from tests.conftest import START, Server, require_service
+from tests.conftest import Server, require_service
+from tests.services import START
 from tests.tcp_proxy import TcpProxy
 
 OUTBOXER = str(Path(sys.executable).parent / "outboxer")
@@ -270,21 +270,19 @@ async def stop_mariadb() -> None:
         await asyncio.sleep(0.2)
 
 
-async def start_mariadb() -> asyncio.subprocess.Process:
-    """Start MariaDB with the command the suite tells to run (tests/conftest.py START); return
-    once it answers, with the command still running. The init script reports a failure after
-    30 s here even when the server is up (its own ping needs /etc/mysql/debian.cnf): the ping
-    below is what counts."""
+async def start_mariadb() -> None:
+    """Start MariaDB with the command the suite tells to run (tests/services.py START); return
+    once it answers."""
     proc = await asyncio.create_subprocess_exec(
         *START["MariaDB"].split(),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         start_new_session=True,  # the server outlives this test
     )  # fmt: skip
+    assert await asyncio.wait_for(proc.wait(), 60) == 0, f"{START['MariaDB']} failed"
     deadline = time.monotonic() + 120
     while not await mariadb_answers():
         assert time.monotonic() < deadline, f"{START['MariaDB']} did not start MariaDB"
         await asyncio.sleep(0.2)
-    return proc
 
 
 async def test_mariadb_restart_mid_run_loses_nothing(
@@ -311,15 +309,13 @@ async def test_mariadb_restart_mid_run_loses_nothing(
             published = await client.xlen(redis_stream)  # when MariaDB went away
             await asyncio.sleep(5)
         finally:
-            starting = await start_mariadb()
+            await start_mariadb()
         restarted = time.monotonic()
         # The store opened before the restart: its pool must not hand out dead connections.
         await wait_drained(mysql_store, 120)
         recovered = time.monotonic() - restarted
         stats = await mysql_store.stats()
         alive = [proc.poll() is None for proc in relays.procs]
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(starting.wait(), 60)  # the init script gives up at 30 s
         await client.aclose()
     finally:
         relays.stop()
