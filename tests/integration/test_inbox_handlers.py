@@ -287,6 +287,40 @@ async def test_a_batch_keeps_key_order_and_runs_keys_concurrently() -> None:
         assert ends == ["end 0", "end 1", "end 2"]
 
 
+class SessionCountingStore(InMemoryStore):
+    """Counts inbox sessions: one per chunk of a batch (a transaction, a connection)."""
+
+    sessions = 0
+
+    def inbox_session(self) -> Any:
+        self.sessions += 1
+        return super().inbox_session()
+
+
+async def test_a_batch_is_split_into_as_many_chunks_as_its_handlers_time_pays_for() -> None:
+    """Each chunk costs a transaction: handlers that return at once share one, slow handlers
+    (waiting on I/O) get ``concurrency`` chunks to wait side by side; the first batch, before
+    anything is measured, gets ``concurrency``."""
+    registry = HandlerRegistry()
+    delay = 0.0
+
+    @registry.handler("Step")
+    async def step(data: dict[str, Any]) -> None:
+        if delay:
+            await asyncio.sleep(delay)
+
+    store = SessionCountingStore()
+    inbox = Inbox(store, registry, settings(concurrency=4))
+    sessions = []
+    for n, pause in enumerate([0.0, 0.0, 0.02, 0.02]):
+        delay = pause
+        batch = [event({"n": n}, "Step", key=f"k{k}") for k in range(12)]
+        before = store.sessions
+        assert await inbox.receive_batch(batch) == ["handled"] * 12
+        sessions.append(store.sessions - before)
+    assert sessions == [4, 1, 1, 4]  # the third batch still had the fast handlers' mean
+
+
 async def test_batches_in_flight_together_keep_each_keys_order() -> None:
     """A broker adapter hands over its next batch before the previous one is stored: a key of
     both waits for the earlier batch, other keys do not; acknowledgements follow fetch order

@@ -497,6 +497,76 @@ class TestPostgresInbox(InboxStoreContract):
         assert outcomes == ["handled", "retrying"]
         assert await effects.read() == ["c:m-1"]
 
+    @pytest.mark.parametrize("how", ["execute", "prepared", "cursor", "executemany", "copy"])
+    async def test_a_write_by_any_query_path_survives_a_later_failure(
+        self, store: PostgresStore, pg_schema: str, effects: Effects, how: str
+    ) -> None:
+        """A handler that ran no statement leaves its savepoint to the next one (no round
+        trip); one that wrote, by whichever asyncpg call, gets it renewed: rolling the next
+        handler's failure back must not undo its write."""
+        table = f'"{pg_schema}".effects'
+        insert = f"INSERT INTO {table} (consumer, message_id) VALUES ($1, $2)"
+
+        async def write(connection: Any, message_id: str) -> None:
+            if how == "execute":
+                await connection.execute(insert, "c", message_id)
+            elif how == "prepared":
+                await (await connection.prepare(insert + " RETURNING n")).fetch("c", message_id)
+            elif how == "cursor":
+                async with connection.transaction():
+                    cursor = await connection.cursor(insert + " RETURNING n", "c", message_id)
+                    await cursor.fetch(1)
+            elif how == "executemany":
+                await connection.executemany(insert, [("c", message_id)])
+            else:
+                await connection.copy_records_to_table(
+                    "effects",
+                    records=[("c", message_id)],
+                    columns=["consumer", "message_id"],
+                    schema_name=pg_schema,
+                )
+
+        async def handler(message: Message, connection: Any, attempt: int) -> None:
+            if message.id == "m-2":
+                return  # takes the connection, runs nothing
+            if message.id == "m-4":
+                await effects.record(connection, "c", message.id)
+                raise RuntimeError("fails after writing")
+            await write(connection, message.id)
+
+        batch = [message(1), message(2), message(3), message(4)]
+        outcomes = await store.consume(
+            "c", batch, handler, on_failure=retry_after(9), retention_seconds=60
+        )
+        assert outcomes == ["handled", "handled", "handled", "retrying"]
+        assert sorted(await effects.read()) == ["c:m-1", "c:m-3"]
+
+    async def test_handlers_that_run_no_statement_share_one_savepoint(
+        self, raw_store: PostgresStore
+    ) -> None:
+        """Handlers that take the connection but do not use it cost no round trip each: a
+        batch of them is BEGIN, the inbox rows, one SAVEPOINT, COMMIT."""
+        queries: list[str] = []
+        logging = False
+
+        def log(query: Any) -> None:
+            if logging:
+                queries.append(query.query.split()[0])
+
+        async def handler(message: Message, connection: Any, attempt: int) -> None:
+            nonlocal logging
+            if not logging:  # from the first handler on, after the SAVEPOINT
+                logging = True
+                connection.add_query_logger(log)
+
+        batch = [message(n) for n in range(1, 6)]
+        outcomes = await consume(
+            raw_store, "c", batch, handler, on_failure=retry_after(9), retention_seconds=60
+        )
+        logging = False
+        assert outcomes == ["handled"] * 5
+        assert queries[0] == "COMMIT;"
+
     async def test_concurrent_deliveries_of_one_message_run_the_handler_once(
         self, pg_url: str, pg_schema: str, store: PostgresStore, effects: Effects
     ) -> None:

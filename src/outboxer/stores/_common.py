@@ -519,6 +519,8 @@ class SqlInboxSession(abc.ABC):
     transaction aborted, which PostgreSQL would otherwise answer at ``COMMIT`` with a silent
     ``ROLLBACK``). That open savepoint is used by the next isolated handler only if no
     statement ran since, because rolling back to it must undo that handler's writes alone.
+    Where the driver counts the statements a connection ran (:meth:`_statements`), a handler
+    that took the context but ran none leaves the savepoint open and clean: no round trip.
     """
 
     def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:
@@ -540,6 +542,12 @@ class SqlInboxSession(abc.ABC):
     @abc.abstractmethod
     async def _rows(self, sql: str, args: Any) -> Sequence[Row]:
         """Run ``sql`` and return the rows of its (last) result."""
+
+    def _statements(self) -> int | None:
+        """How many statements the connection has run so far (any count that grows with every
+        statement that may write), or ``None`` when the driver does not tell: then a handler
+        that takes the context is assumed to have written."""
+        return None
 
     # -- what the store's statements go through -------------------------------------------
 
@@ -581,7 +589,12 @@ class SqlInboxSession(abc.ABC):
             await self._run(f"SAVEPOINT {_SAVEPOINT}", None)
         self._savepoint_clean = False
         try:
+            before = self._statements()
             await handler(message, self.connection, attempt)
+            if before is not None and self._statements() == before:
+                # It ran no statement: the savepoint is still clean, the next handler's.
+                self._savepoint_clean = True
+                return None
             await self._run(f"RELEASE SAVEPOINT {_SAVEPOINT}; SAVEPOINT {_SAVEPOINT}", None)
         except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
             await self._run(

@@ -15,7 +15,7 @@ from typing import Any
 from outboxer.message import Message, encode_headers
 from outboxer.ports import ConsumeFailure, InboxReceipt, PendingFailure, failure_reason
 from outboxer.stores._common import Row, SqlInbox, SqlInboxSession, pending_failure_from_row
-from outboxer.stores.postgres.connection import PostgresPart
+from outboxer.stores.postgres.connection import PostgresPart, statements_run
 
 __all__ = ["PostgresInbox"]
 
@@ -32,6 +32,9 @@ class _Session(SqlInboxSession):
 
     async def _rows(self, sql: str, args: Any) -> Sequence[Row]:
         return await self.connection.fetch(sql, *args)  # type: ignore[no-any-return]
+
+    def _statements(self) -> int | None:
+        return statements_run(self.connection)
 
     async def due_failures(self, consumer: str, limit: int) -> list[str]:
         rows = await self.fetch(self.q["inbox_due"], (consumer, limit))
