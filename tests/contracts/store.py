@@ -197,6 +197,23 @@ class StoreContract:
         await store.settle(c, Settlement(retries=[Retry(a1, 60, "down")]))
         assert [m.id for m in (await claim(store)).messages] == [b1]
 
+    async def test_with_every_key_blocked_an_ordered_claim_takes_only_the_free_rows_behind(
+        self, store: Store, add: Add
+    ) -> None:
+        # Ten keys of three messages (interleaved); every head is leased by another relay or
+        # waits for a retry. Behind them come a free key and an unkeyed message: the claim takes
+        # those, in write order, and nothing of the blocked keys (issue 14).
+        blocked = [await add("t", {"n": n}, key=f"k{n % 10}") for n in range(30)]
+        held = await claim(store, 10)
+        assert [m.id for m in held.messages] == blocked[:10]
+        later = [Retry(i, 3600, "later") for i in blocked[:5]]
+        await store.settle(held, Settlement(retries=later))
+        free = [await add("t", {"n": 1}, key="free"), await add("t", {"n": 2}, key="free")]
+        unkeyed = await add("t", {"n": 3})
+        c = await claim(store, 100, behind=frozenset({held.token ^ 1}))
+        assert [m.id for m in c.messages] == [*free, unkeyed]
+        assert (await claim(store)).messages == []
+
     async def test_dead_letter_keeps_every_field_and_frees_the_key(
         self, store: Store, add: Add
     ) -> None:

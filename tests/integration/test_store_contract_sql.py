@@ -15,6 +15,7 @@ from outboxer.message import Message
 from outboxer.outbox import Outbox
 from outboxer.ports import ClaimRequest, ConsumeFailure, DeadLetterFilter, Settlement
 from outboxer.stores.postgres import PostgresStore
+from outboxer.stores.postgres import relay as postgres_relay
 from outboxer.stores.sqlite import SqliteStore
 from tests.conftest import wait_past_commit_gate
 from tests.contracts.store import StoreContract
@@ -110,3 +111,21 @@ class TestPostgresStore(StoreContract, ReplayIsOneTransaction):
             return message_id
 
         return add
+
+
+class TestPostgresClaimBehindTheFront(TestPostgresStore):
+    """The contract again with an ordered claim whose front is a single row, so that what it
+    claims comes from behind the front: the key heads' runs and the unkeyed index
+    (``claim_ordered``, docs/adr/0010)."""
+
+    @pytest.fixture(autouse=True)
+    def no_front(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(postgres_relay, "FRONT_PER_MESSAGE", 0)
+
+
+class TestPostgresClaimWithManyKeys(TestPostgresClaimBehindTheFront):
+    """... and with more keys than the claim reads the heads of: the walk behind the front."""
+
+    @pytest.fixture(autouse=True)
+    def no_heads(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(postgres_relay, "KEYS_PER_MESSAGE", 0)

@@ -15,7 +15,17 @@ from outboxer.ports import Claim, ClaimRequest, RelayInfo, Settlement
 from outboxer.stores._common import claim_from_rows, no_doorbell
 from outboxer.stores.postgres.connection import PostgresPart
 
-__all__ = ["PostgresRelay"]
+__all__ = ["FRONT_PER_MESSAGE", "KEYS_PER_MESSAGE", "PostgresRelay"]
+
+#: An ordered claim walks the front of the table first: this many values of seq per message of
+#: the batch from the oldest row, plus a batch's worth for each of the relay's own batches in
+#: flight (``behind``), which sit at the front too. Room for the batches in flight and the next.
+FRONT_PER_MESSAGE = 4
+
+#: When the front leaves the batch short, the claim reads the heads of at most this many keys
+#: per message (a skip scan of the (key, seq) index); with more keys it walks on behind the front
+#: (claimable rows then lie soon behind it). See ``claim_ordered`` in sql/queries.sql.
+KEYS_PER_MESSAGE = 4
 
 
 class PostgresRelay(PostgresPart):
@@ -31,7 +41,9 @@ class PostgresRelay(PostgresPart):
             float(request.lease_seconds),
         )
         if request.ordered:
-            args += (request.hold_dead_keys, list(request.behind))
+            front = request.limit * (FRONT_PER_MESSAGE + len(request.behind))
+            keys = request.limit * KEYS_PER_MESSAGE
+            args += (request.hold_dead_keys, list(request.behind), front, keys)
         async with self.db.connection() as conn:
             rows = await conn.fetch(query, *args)
         return claim_from_rows(token, rows)

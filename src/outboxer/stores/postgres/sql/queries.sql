@@ -34,21 +34,40 @@ RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.head
 -- Per-key order with any number of relays. A keyed row may be claimed only when every older
 -- row of its key is either gone (published/dead-lettered) or claimed in this same statement;
 -- the relay then publishes a key's run in write order (Relay._publish_runs, or in waves).
---  1. candidates: the oldest claimable rows whose key's head (its oldest row) is neither leased
---     nor waiting for a retry or a delayed time: one probe of the key index and one heap visit.
---     Rows behind a blocked head are skipped, so a failing message never holds back other keys.
---     (Leased and retrying rows are always a prefix of their key: runs are claimed from the head
---     and a failure releases the rest of its run.)
+-- A row is claimable when it is neither leased nor waiting (available_at), is no suspect, has
+-- passed the commit-order gate (no transaction older than the row's is still writing) and, if
+-- the relay asks so, its key has no publish dead letter.
+--  1. Candidates are claimable rows whose key's head (its oldest row) is neither leased nor
+--     waiting for a retry or a delayed time. Rows behind a blocked head are skipped, so a
+--     failing message never holds back other keys. (Leased and retrying rows are always a
+--     prefix of their key: runs are claimed from the head and a failure releases the rest of
+--     its run.)
 --  2. SKIP LOCKED leaves out rows another relay is claiming at this moment, and a delayed row
 --     may sit in the middle of a key. So a candidate is kept only if the number of rows of its
 --     key up to it equals its rank among our candidates of that key: no gap before it. (A
 --     suspect is such a gap too: it is never a candidate.)
+-- Where candidates are looked for (issue 14, docs/adr/0010): a walk of the seq index skips the
+-- rows behind a blocked head one by one, so with every key blocked it read the whole backlog
+-- to find nothing (8 s on 1,000,000 rows). So:
+--  a. front: the walk, over the front of the table only ($7 values of seq from its oldest
+--     row: the relays' batches in flight and the next batch). Usually this fills the batch and
+--     nothing below runs (each of b-e waits on "short").
+--  b. keys: otherwise each key's head, by a skip scan of the (key, seq) index (a recursive
+--     CTE: one probe per key, never a walk over a key's rows), $8 keys at most; heads: each
+--     key's first row not leased under $6 and whether it is claimable.
+--  c. keyed: behind the front, the runs of the oldest claimable heads (a run that began in the
+--     front goes on), each looked for in the $1 values of seq from its head through the
+--     (key, seq) index.
+--  d. unkeyed: behind the front, the oldest claimable unkeyed rows ("{t}_unkeyed", 0007).
+--  e. rest: with $8 keys or more, the walk goes on behind the front as in a. (With that many
+--     keys claimable rows lie soon behind the front, unless thousands of keys are blocked.)
+-- b-e only narrow where candidates come from: 1 and 2 hold for all of them together.
 -- Crash isolation (0005): a suspect that heads its key is claimed alone, before anything else.
 -- Rows leased under a token of $6 (behind: this relay's batches in flight, ADR 0008) neither
 -- block their key's head nor count in 2.: the relay claims the next rows of keys it is
 -- publishing itself, publishes them after the earlier ones and releases them if an earlier one
 -- failed. Rows leased under any other token still break the count.
-WITH suspect AS MATERIALIZED (
+WITH RECURSIVE suspect AS MATERIALIZED (
     SELECT o.ctid FROM {outbox} o
     WHERE o.lease_expiries > 0 AND o.claim_token IS NULL AND o.available_at <= now()
       AND (NOT $5::bool OR o.key IS NULL OR NOT EXISTS (
@@ -58,13 +77,15 @@ WITH suspect AS MATERIALIZED (
     ORDER BY o.seq
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), candidates AS MATERIALIZED (
+), bounds AS MATERIALIZED (
+    SELECT min(f.seq) + $7 AS front_end, pg_snapshot_xmin(pg_current_snapshot()) AS gate
+    FROM {outbox} f
+), front AS MATERIALIZED (
     SELECT o.ctid, o.key, o.seq FROM {outbox} o
-    WHERE o.claim_token IS NULL AND o.available_at <= now()
+    WHERE o.seq <= (SELECT front_end FROM bounds)
+      AND o.claim_token IS NULL AND o.available_at <= now()
       AND o.lease_expiries = 0 AND NOT EXISTS (SELECT 1 FROM suspect)
-      -- commit-order gate: no transaction older than this row's is still writing
-      AND (o.txid IS NULL OR o.txid < pg_snapshot_xmin(pg_current_snapshot()))
-      -- a key whose earlier message is a dead letter stays on hold, if the relay asks so
+      AND (o.txid IS NULL OR o.txid < (SELECT gate FROM bounds))
       AND (NOT $5::bool OR o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {dead_letters} d WHERE d.key = o.key AND d.direction = 'publish'))
       AND (o.key IS NULL OR NOT EXISTS (
@@ -75,9 +96,93 @@ WITH suspect AS MATERIALIZED (
     ORDER BY o.seq
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+), short AS MATERIALIZED (
+    -- what the batch still lacks after the front (0 when there is a suspect)
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM suspect) THEN 0 ELSE $1 - count(*) END AS n
+    FROM front
+), keys AS (
+    (SELECT o.key, o.seq, o.claim_token, o.available_at, o.lease_expiries, o.txid, 1 AS n
+     FROM {outbox} o
+     WHERE o.key IS NOT NULL AND (SELECT n FROM short) > 0
+     ORDER BY o.key, o.seq LIMIT 1)
+    UNION ALL
+    SELECT next.*, k.n + 1 FROM keys k
+    CROSS JOIN LATERAL (
+        SELECT o.key, o.seq, o.claim_token, o.available_at, o.lease_expiries, o.txid
+        FROM {outbox} o WHERE o.key > k.key ORDER BY o.key, o.seq LIMIT 1) next
+    WHERE k.n < $8
+), heads AS MATERIALIZED (
+    SELECT k.key, e.seq,
+           e.claim_token IS NULL AND e.available_at <= now() AND e.lease_expiries = 0
+           AND (e.txid IS NULL OR e.txid < (SELECT gate FROM bounds))
+           AND (NOT $5::bool OR NOT EXISTS (
+                 SELECT 1 FROM {dead_letters} d WHERE d.key = k.key AND d.direction = 'publish'))
+           AS free
+    FROM keys k
+    CROSS JOIN LATERAL (
+        -- the head, or, when this relay's own batches in flight lead the key, the first row
+        -- after them
+        SELECT k.seq, k.claim_token, k.available_at, k.lease_expiries, k.txid
+        WHERE k.claim_token IS NULL OR k.claim_token <> ALL($6::bigint[])
+        UNION ALL
+        (SELECT e.seq, e.claim_token, e.available_at, e.lease_expiries, e.txid FROM {outbox} e
+         WHERE k.claim_token = ANY($6::bigint[]) AND e.key = k.key AND e.seq > k.seq
+           AND (e.claim_token IS NULL OR e.claim_token <> ALL($6::bigint[]))
+         ORDER BY e.seq LIMIT 1)) e
+), few_keys AS MATERIALIZED (
+    SELECT count(*) < $8 AS yes FROM keys
+), keyed AS MATERIALIZED (
+    SELECT o.ctid, o.key, o.seq
+    FROM (SELECT h.key, h.seq FROM heads h
+          WHERE h.free AND (SELECT yes FROM few_keys) AND (SELECT n FROM short) > 0
+          ORDER BY h.seq LIMIT $1) h
+    JOIN {outbox} o ON o.key = h.key AND o.seq BETWEEN h.seq AND h.seq + $1
+    WHERE o.seq > (SELECT front_end FROM bounds)
+      AND o.claim_token IS NULL AND o.available_at <= now() AND o.lease_expiries = 0
+      AND (o.txid IS NULL OR o.txid < (SELECT gate FROM bounds))
+    ORDER BY o.seq
+    LIMIT (SELECT n FROM short)
+    FOR UPDATE OF o SKIP LOCKED
+), unkeyed AS MATERIALIZED (
+    SELECT o.ctid, o.key, o.seq FROM {outbox} o
+    WHERE o.key IS NULL AND o.seq > (SELECT front_end FROM bounds)
+      AND (SELECT n FROM short) > 0 AND (SELECT yes FROM few_keys)
+      AND o.claim_token IS NULL AND o.available_at <= now() AND o.lease_expiries = 0
+      AND (o.txid IS NULL OR o.txid < (SELECT gate FROM bounds))
+    ORDER BY o.seq
+    LIMIT (SELECT n FROM short)
+    FOR UPDATE SKIP LOCKED
+), rest AS MATERIALIZED (
+    SELECT o.ctid, o.key, o.seq FROM {outbox} o
+    WHERE o.seq > (SELECT front_end FROM bounds)
+      AND (SELECT n FROM short) > 0 AND NOT (SELECT yes FROM few_keys)
+      AND o.claim_token IS NULL AND o.available_at <= now() AND o.lease_expiries = 0
+      AND (o.txid IS NULL OR o.txid < (SELECT gate FROM bounds))
+      AND (NOT $5::bool OR o.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {dead_letters} d WHERE d.key = o.key AND d.direction = 'publish'))
+      AND (o.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM (SELECT h.claim_token, h.available_at FROM {outbox} h
+                           WHERE h.key = o.key ORDER BY h.seq LIMIT 1) head
+            WHERE (head.claim_token IS NOT NULL AND head.claim_token <> ALL($6::bigint[]))
+               OR head.available_at > now()))
+    ORDER BY o.seq
+    LIMIT (SELECT n FROM short)
+    FOR UPDATE SKIP LOCKED
+), candidates AS (
+    SELECT ctid, key, seq FROM front
+    UNION ALL SELECT ctid, key, seq FROM keyed
+    UNION ALL SELECT ctid, key, seq FROM unkeyed
+    UNION ALL SELECT ctid, key, seq FROM rest
 ), ranked AS (
     SELECT ctid, key, seq, row_number() OVER (PARTITION BY key ORDER BY seq) AS rank
     FROM candidates WHERE key IS NOT NULL
+), kept AS (
+    SELECT ctid, seq FROM candidates WHERE key IS NULL
+    UNION ALL
+    SELECT r.ctid, r.seq FROM ranked r
+    WHERE (SELECT count(*) FROM {outbox} k
+           WHERE k.key = r.key AND k.seq <= r.seq
+             AND (k.claim_token IS NULL OR k.claim_token <> ALL($6::bigint[]))) = r.rank
 )
 UPDATE {outbox} AS o
 SET claim_token = $2, locked_by = $3, locked_until = now() + make_interval(secs => $4),
@@ -85,12 +190,9 @@ SET claim_token = $2, locked_by = $3, locked_until = now() + make_interval(secs 
 WHERE o.ctid = ANY(ARRAY(
     SELECT ctid FROM suspect
     UNION ALL
-    SELECT ctid FROM candidates WHERE key IS NULL
-    UNION ALL
-    SELECT r.ctid FROM ranked r
-    WHERE (SELECT count(*) FROM {outbox} k
-           WHERE k.key = r.key AND k.seq <= r.seq
-             AND (k.claim_token IS NULL OR k.claim_token <> ALL($6::bigint[]))) = r.rank))
+    -- the oldest $1: the front's rows all (it has at most $1), then the oldest of the rest. A
+    -- key's kept rows are a run from its head, so cutting the newest keeps every key's a run.
+    (SELECT ctid FROM kept ORDER BY seq LIMIT $1)))
 RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.headers::text,
           o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths
 

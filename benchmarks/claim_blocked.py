@@ -1,0 +1,181 @@
+"""An ordered PostgreSQL claim while every key of the backlog is blocked (issue 14).
+
+For each backlog size, N messages over 1,000 keys (key = n % 1,000, ≈120-byte payloads) are
+loaded with one binary COPY and analyzed. Then every key is blocked, one of two ways:
+
+- ``leased``: another relay holds every key's head (two ordered claims of 500, never settled);
+- ``retry``: every key's head waits for a retry (those claims settled as retries 1 h away).
+
+and one ordered claim of 500 by a second relay, which must find nothing, is timed (the median of
+``ROUNDS``). ``free``: the same claim with no key blocked (it claims 500 rows, released again
+after each timing), the usual case, which must not get slower. With
+``OUTBOXER_BENCH_BASELINE=<git revision>`` the claim statement of that revision (its single
+``claim_ordered`` statement, executed as its relay did) is timed too, interleaved with the
+current store's claim on the same table (new, old, new, old ...): the figures are ratios from one
+run. The pool runs with jit=off, as the store's does.
+
+The normal case, for a comparison across revisions: ``python -m benchmarks.claim_blocked drain
+N`` prints the msg/s of one relay (default settings, ordered, a null publisher) draining N
+messages loaded the same way; run it alternately with ``PYTHONPATH`` on each revision's ``src``.
+
+Run: ``.venv/bin/python -m benchmarks.claim_blocked [20000 100000 1000000]``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import asyncpg
+
+from benchmarks.common import PAYLOAD, PG_URL, NullPublisher, drain_store, fresh_schema, save
+from outboxer._ids import new_message_id
+from outboxer.config import RelaySettings, TableNames
+from outboxer.ports import ClaimRequest, Retry, Settlement
+from outboxer.stores import _sql
+from outboxer.stores._common import claim_from_rows
+from outboxer.stores.postgres import PostgresStore
+
+SIZES = (20_000, 100_000, 1_000_000)
+KEYS = 1000
+ROUNDS = int(os.environ.get("OUTBOXER_BENCH_ROUNDS", "5"))
+BASELINE = os.environ.get("OUTBOXER_BENCH_BASELINE")
+
+
+async def copy_fill(schema: str, count: int, keys: int = KEYS) -> None:
+    """``count`` rows (key = n % keys) in one binary COPY, then VACUUM ANALYZE."""
+    conn = await asyncpg.connect(PG_URL)
+    try:
+        for start in range(0, count, 100_000):
+            records = [
+                (
+                    new_message_id(),
+                    "orders",
+                    str(n % keys),
+                    "OrderCreated",
+                    json.dumps({**PAYLOAD, "order_id": n}).encode(),
+                )
+                for n in range(start, min(count, start + 100_000))
+            ]
+            await conn.copy_records_to_table(
+                "outbox",
+                records=records,
+                columns=["id", "topic", "key", "type", "payload"],
+                schema_name=schema,
+            )
+        await conn.execute(f'VACUUM ANALYZE "{schema}".outbox')
+    finally:
+        await conn.close()
+
+
+def baseline_claim(revision: str, names: TableNames) -> str:
+    """The ``claim_ordered`` statement of ``revision`` (a single statement until issue 14)."""
+    text = subprocess.run(
+        ["git", "show", f"{revision}:src/outboxer/stores/postgres/sql/queries.sql"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    parts = _sql._NAME.split(text)
+    named = dict(zip(parts[1::2], parts[2::2], strict=False))
+    return _sql.render(named["claim_ordered"].strip(), names)
+
+
+async def timed(claim: Any, expected: int) -> float:
+    started = time.perf_counter()
+    rows = await claim()
+    elapsed = time.perf_counter() - started
+    if rows != expected:
+        raise RuntimeError(f"claimed {rows}, not {expected}")
+    return elapsed * 1000
+
+
+async def run(count: int, how: str) -> dict[str, Any]:
+    async with fresh_schema(f"bench_blocked_{uuid.uuid4().hex[:6]}") as schema:
+        names = TableNames(schema=schema)
+        async with PostgresStore(PG_URL, names) as store:
+            await store.migrate()
+            filled = time.perf_counter()
+            await copy_fill(schema, count)
+            fill_s = time.perf_counter() - filled
+            holder = ClaimRequest(limit=500, lease_seconds=3600, ordered=True, relay_id="holder")
+            held = []
+            if how != "free":
+                held = [await store.claim_batch(holder) for _ in range(KEYS // 500)]
+                assert sum(len(c.messages) for c in held) == KEYS, "every key's head held"
+            if how == "retry":
+                for c in held:
+                    retries = [Retry(m.id, 3600.0, "later") for m in c.messages]
+                    await store.settle(c, Settlement(retries=retries))
+            request = ClaimRequest(limit=500, lease_seconds=30, ordered=True, relay_id="bench")
+
+            expected = 500 if how == "free" else 0
+
+            async def new() -> int:
+                claim = await store.claim_batch(request)
+                if claim.messages:  # "free": released again, for the next claim
+                    await store.settle(claim, Settlement(released=[m.id for m in claim.messages]))
+                return len(claim.messages)
+
+            old_sql = baseline_claim(BASELINE, names) if BASELINE else None
+
+            async def old() -> int:
+                # as the store's claim_batch of that revision did, and released the same way
+                async with store.db.connection() as conn:
+                    rows = await conn.fetch(old_sql, 500, 1, "bench", 30.0, False, [])
+                claim = claim_from_rows(1, rows)
+                if claim.messages:
+                    await store.settle(claim, Settlement(released=[m.id for m in claim.messages]))
+                return len(claim.messages)
+
+            new_ms: list[float] = []
+            old_ms: list[float] = []
+            await new()  # the first execution plans and warms the cache
+            if old_sql:
+                await old()
+            for _ in range(ROUNDS):
+                new_ms.append(await timed(new, expected))
+                if old_sql:
+                    old_ms.append(await timed(old, expected))
+    result: dict[str, Any] = {
+        "messages": count,
+        "blocked_by": how,
+        "fill_s": round(fill_s, 1),
+        "claim_ms": round(statistics.median(new_ms), 2),
+    }
+    if old_ms:
+        result["baseline"] = BASELINE
+        result["baseline_claim_ms"] = round(statistics.median(old_ms), 2)
+        result["baseline_over_new"] = round(result["baseline_claim_ms"] / result["claim_ms"], 1)
+    print(result, flush=True)
+    return result
+
+
+async def main(sizes: list[int]) -> dict[str, Any]:
+    rows = [await run(count, how) for count in sizes for how in ("leased", "retry", "free")]
+    result = {"keys": KEYS, "rounds": ROUNDS, "rows": rows}
+    save("claim_blocked", result)
+    return result
+
+
+async def drain(count: int) -> None:
+    async with fresh_schema(f"bench_drain_{uuid.uuid4().hex[:6]}") as schema:
+        async with PostgresStore(PG_URL, TableNames(schema=schema)) as store:
+            await store.migrate()
+            await copy_fill(schema, count)
+            rate = await drain_store(store, NullPublisher(), RelaySettings(), count, 3600)
+    print(f"drain {count} ordered {rate:.0f} msg/s", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["drain"]:
+        asyncio.run(drain(int(sys.argv[2])))
+    else:
+        asyncio.run(main([int(a) for a in sys.argv[1:]] or list(SIZES)))

@@ -1,0 +1,4 @@
+-- outboxer schema version 7 (MySQL, MariaDB): nothing to change. PostgreSQL's version 7 indexes
+-- its unkeyed rows for the ordered claim (docs/adr/0010); MySQL's (key, seq) index already holds
+-- them (claim_unkeyed). The version numbers of all databases move together (one Django
+-- migration, one Alembic step per version).

@@ -1,0 +1,3 @@
+-- outboxer schema version 7 (SQLite): nothing to change. PostgreSQL's version 7 indexes its
+-- unkeyed rows for its ordered claim (docs/adr/0010). The version numbers of all databases move
+-- together (one Django migration, one Alembic step per version).

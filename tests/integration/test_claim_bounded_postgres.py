@@ -1,0 +1,87 @@
+"""PostgreSQL's ordered claim with every key blocked reads a number of pages bounded by the keys
+and the batch, not by the backlog (issue 14, docs/adr/0010).
+
+Not a clock: the pages the claim statement touches, from EXPLAIN (ANALYZE, BUFFERS). The claim
+that walked the seq index read every row behind the blocked heads (and probed each one's key):
+on this table about 120,000 pages; the bounded claim reads the front of the table and one probe
+per key, about 7,000.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+from outboxer.ports import ClaimRequest, Retry, Settlement
+from outboxer.stores.postgres import PostgresStore
+from outboxer.stores.postgres import relay as postgres_relay
+
+KEYS = 1000
+ROWS = 40_000  # 40 per key
+BATCH = 500
+#: The bounded claim's pages: the front (4 rows per message, a few pages each) and the heads (a
+#: few pages per key). The walk of the old claim read about 5 pages per row of the backlog.
+MAX_PAGES = 20 * KEYS
+
+
+async def fill(pg_url: str, schema: str) -> None:
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute(
+            f'INSERT INTO "{schema}".outbox (id, topic, key, payload) '
+            f"SELECT 'm' || n, 't', (n % {KEYS})::text, '{{}}'::bytea "
+            f"FROM generate_series(0, {ROWS - 1}) AS n"
+        )
+        await conn.execute(f'VACUUM ANALYZE "{schema}".outbox')
+    finally:
+        await conn.close()
+
+
+async def pages_of_a_claim(store: PostgresStore, request: ClaimRequest) -> tuple[int, int]:
+    """(shared pages hit + read, rows claimed) of one ordered claim statement, rolled back."""
+    args: tuple[Any, ...] = (
+        *(request.limit, 1, request.relay_id, float(request.lease_seconds)),
+        *(request.hold_dead_keys, list(request.behind)),
+        *(request.limit * postgres_relay.FRONT_PER_MESSAGE, request.limit * 4),
+    )
+    async with store.db.connection() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            explained = await conn.fetchval(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.q["claim_ordered"], *args
+            )
+        finally:
+            await tx.rollback()
+    plan = json.loads(explained)[0]["Plan"]
+    return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"], plan["Actual Rows"]
+
+
+async def test_an_ordered_claim_with_every_key_blocked_reads_pages_bounded_by_the_keys(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    await fill(pg_url, pg_schema)
+    holder = ClaimRequest(limit=BATCH, lease_seconds=3600, ordered=True, relay_id="holder")
+    held = [await pg_store.claim_batch(holder) for _ in range(KEYS // BATCH)]
+    assert sum(len(c.messages) for c in held) == KEYS  # every key's head
+    # half of the heads wait for a retry, half stay leased by the holder
+    await pg_store.settle(
+        held[0], Settlement(retries=[Retry(m.id, 3600, "later") for m in held[0].messages])
+    )
+    request = ClaimRequest(limit=BATCH, lease_seconds=30, ordered=True, relay_id="other")
+    pages, claimed = await pages_of_a_claim(pg_store, request)
+    assert claimed == 0
+    assert pages < MAX_PAGES, pages
+    # the holder's own next claim continues its leased keys (behind): a full batch, as cheaply
+    chained = ClaimRequest(
+        limit=BATCH,
+        lease_seconds=30,
+        ordered=True,
+        relay_id="holder",
+        behind=frozenset({held[1].token}),
+    )
+    pages, claimed = await pages_of_a_claim(pg_store, chained)
+    assert claimed == BATCH
+    assert pages < MAX_PAGES, pages
