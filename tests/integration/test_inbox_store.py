@@ -567,6 +567,30 @@ class TestPostgresInbox(InboxStoreContract):
         assert outcomes == ["handled"] * 5
         assert queries[0] == "COMMIT;"
 
+    async def test_the_pool_resets_a_connection_only_after_a_handler_used_it(
+        self, raw_store: PostgresStore, pg_url: str, pg_schema: str
+    ) -> None:
+        """The pool's reset costs a round trip per chunk: it is skipped when no handler ran a
+        statement (the inbox's own change no session state), kept when one did (a ``SET``
+        must not outlive the chunk)."""
+        async with PostgresStore(pg_url, TableNames(schema=pg_schema), max_connections=1) as one:
+            resets: list[str] = []
+
+            async def setting(message: Message, connection: Any, attempt: int) -> None:
+                if not resets:
+                    connection.add_query_logger(lambda q: resets.append(q.query))
+                if message.id == "m-2":
+                    await connection.execute("SET statement_timeout = '1234ms'")
+
+            for n in (1, 2):
+                outcomes = await consume(
+                    one, "c", [message(n)], setting, on_failure=retry_after(9), retention_seconds=60
+                )
+                assert outcomes == ["handled"]
+            assert sum("RESET ALL" in q for q in resets) == 1  # after m-2's chunk only
+            rows = await one.execute("SHOW statement_timeout")
+            assert rows[0][0] == "0"  # the handler's SET was reset
+
     async def test_concurrent_deliveries_of_one_message_run_the_handler_once(
         self, pg_url: str, pg_schema: str, store: PostgresStore, effects: Effects
     ) -> None:

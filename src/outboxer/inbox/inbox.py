@@ -66,9 +66,9 @@ __all__ = [
 
 log = logging.getLogger("outboxer.inbox")
 
-#: What one more chunk of a batch costs (s): its transaction's round trips on the event loop
-#: and the database, about 0.2 ms each on the development VM (see ``Inbox._chunks``).
-_CHUNK_COST = 0.0005
+#: What one more chunk of a batch costs (s): its transaction's three round trips of client and
+#: database CPU, 0.1-0.5 ms each on the development VM as its load varies (see ``Inbox._chunks``).
+_CHUNK_COST = 0.001
 
 #: What :meth:`Inbox.receive` reports: a store outcome, or ``ignored`` (no handler for it).
 DeliveryOutcome = ConsumeOutcome | Literal["ignored"]
@@ -363,16 +363,23 @@ class Inbox:
         Each chunk is a transaction of its own (three round trips, a commit to flush) that
         lets its handlers wait on I/O beside the other chunks'. How many pay off depends on how
         long handlers take: *k* chunks of *n* messages whose handlers take *h* seconds each
-        cost about ``k * _CHUNK_COST + n * h / k``, least at ``k = sqrt(n * h / _CHUNK_COST)``.
+        cost about ``k * _CHUNK_COST + n * h / k``, least near ``k = sqrt(n * h / _CHUNK_COST)``.
         Handlers that return at once get one chunk; slow ones ``concurrency``; the first batch
         (nothing measured yet) ``concurrency`` too."""
         lanes: dict[object, list[int]] = defaultdict(list)
         for index, message in enumerate(messages):
             lanes[message.key if message.key is not None else (None, index)].append(index)
         count = min(self.settings.concurrency, len(lanes))
-        if self._handler_seconds is not None:
-            best = math.ceil(math.sqrt(len(messages) * self._handler_seconds / _CHUNK_COST))
-            count = max(1, min(count, best))
+        # A transaction per message (not batch_transactions) costs its round trips per message
+        # whatever the chunks: every connection helps then.
+        if self._handler_seconds is not None and self.settings.batch_transactions:
+            work = len(messages) * self._handler_seconds  # handler seconds in the batch
+            best = math.sqrt(work / _CHUNK_COST)
+            # the whole number of chunks nearest the minimum of k * cost + work / k
+            low = max(1, math.floor(best))
+            if low * _CHUNK_COST + work / low > (low + 1) * _CHUNK_COST + work / (low + 1):
+                low += 1
+            count = min(count, low)
         chunks: list[list[int]] = [[] for _ in range(count)]
         for lane in sorted(lanes.values(), key=len, reverse=True):
             min(chunks, key=len).extend(lane)

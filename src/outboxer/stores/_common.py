@@ -527,6 +527,7 @@ class SqlInboxSession(abc.ABC):
         self.connection = connection
         self.q = queries
         self._savepoint_clean = False  # open, and nothing written since it was opened
+        self._handler_statements = False  # a handler ran a statement (or may have)
 
     # -- the driver, per store ------------------------------------------------------------
 
@@ -568,7 +569,15 @@ class SqlInboxSession(abc.ABC):
     ) -> AsyncIterator[Self]:
         """A session on the connection ``connecting`` yields, for as long as it is held."""
         async with connecting as connection:
-            yield cls(connection, queries)
+            session = cls(connection, queries)
+            yield session
+            session._returning(untouched=not session._handler_statements)
+
+    def _returning(self, *, untouched: bool) -> None:
+        """The session ended without an error and goes back to the pool; ``untouched``: no
+        handler ran a statement on it (known from :meth:`_statements`; a driver that cannot
+        tell never says so), so its session state is what the inbox's own statements left."""
+        return None
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Self]:
@@ -588,15 +597,17 @@ class SqlInboxSession(abc.ABC):
         if not self._savepoint_clean:
             await self._run(f"SAVEPOINT {_SAVEPOINT}", None)
         self._savepoint_clean = False
+        before = self._statements()
         try:
-            before = self._statements()
             await handler(message, self.connection, attempt)
             if before is not None and self._statements() == before:
                 # It ran no statement: the savepoint is still clean, the next handler's.
                 self._savepoint_clean = True
                 return None
+            self._handler_statements = True
             await self._run(f"RELEASE SAVEPOINT {_SAVEPOINT}; SAVEPOINT {_SAVEPOINT}", None)
         except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
+            self._handler_statements = True
             await self._run(
                 f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}", None
             )

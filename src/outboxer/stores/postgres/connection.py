@@ -40,6 +40,7 @@ __all__ = [
     "PostgresDatabase",
     "PostgresPart",
     "normalize_url",
+    "skip_reset",
     "statements_run",
 ]
 
@@ -101,11 +102,13 @@ class CountingConnection(asyncpg.Connection):
     they ran, which asyncpg's count of a connection's statements leaves out (see
     :func:`statements_run`)."""
 
-    __slots__ = ("copies_in",)
+    __slots__ = ("copies_in", "reset_needed")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.copies_in = 0
+        #: Whether the pool must reset the session state when the connection comes back.
+        self.reset_needed = True
 
     async def copy_to_table(self, *args: Any, **kwargs: Any) -> str:
         self.copies_in += 1
@@ -127,6 +130,27 @@ def statements_run(connection: object) -> int | None:
     protocol = getattr(con, "_protocol", None)
     count = getattr(protocol, "queries_count", None)
     return None if count is None else count + con.copies_in
+
+
+def skip_reset(connection: object) -> None:
+    """Spare ``connection`` (a pool's proxy) the pool's reset round trip on its next release:
+    only code that ran nothing able to change the session state (no ``SET``, ``LISTEN``,
+    advisory lock, cursor left open) may call this. A no-op for a borrowed pool's connections."""
+    con = getattr(connection, "_con", connection)
+    if isinstance(con, CountingConnection):
+        con.reset_needed = False
+
+
+async def _reset(con: asyncpg.Connection) -> None:
+    """The pool's reset on release (after asyncpg rolled back an open transaction): asyncpg's
+    own reset query (advisory locks, cursors, ``LISTEN``, settings), unless the connection's
+    last user made sure nothing needs it (:func:`skip_reset`)."""
+    if isinstance(con, CountingConnection) and not con.reset_needed:
+        con.reset_needed = True
+        return
+    query = con.get_reset_query()
+    if query:
+        await con.execute(query)
 
 
 def normalize_url(url: str) -> tuple[str, float]:
@@ -184,6 +208,7 @@ class PostgresDatabase(PooledDatabase[asyncpg.Pool, Conn]):
                 # statements never gain from JIT.
                 server_settings={"jit": "off"},
                 connection_class=CountingConnection,
+                reset=_reset,
             )
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"cannot connect to PostgreSQL: {_shown(exc)}") from exc

@@ -15,7 +15,7 @@ from typing import Any
 from outboxer.message import Message, encode_headers
 from outboxer.ports import ConsumeFailure, InboxReceipt, PendingFailure, failure_reason
 from outboxer.stores._common import Row, SqlInbox, SqlInboxSession, pending_failure_from_row
-from outboxer.stores.postgres.connection import PostgresPart, statements_run
+from outboxer.stores.postgres.connection import PostgresPart, skip_reset, statements_run
 
 __all__ = ["PostgresInbox"]
 
@@ -35,6 +35,10 @@ class _Session(SqlInboxSession):
 
     def _statements(self) -> int | None:
         return statements_run(self.connection)
+
+    def _returning(self, *, untouched: bool) -> None:
+        if untouched:
+            skip_reset(self.connection)
 
     async def due_failures(self, consumer: str, limit: int) -> list[str]:
         rows = await self.fetch(self.q["inbox_due"], (consumer, limit))
