@@ -7,10 +7,11 @@ keys, published beforehand through outboxer's publisher of that broker):
   (decoded through the registry, no database): the adapter's and the broker's ceiling;
 - **inbox**: the same adapter feeding an :class:`~outboxer.inbox.Inbox` on PostgreSQL
   (synchronous commit) with its defaults: ``concurrency`` chunks of a batch (different keys)
-  at once, one transaction per chunk (one round trip records the chunk's inbox rows, one
-  commits), acknowledgement after commit. Twice: with a handler that takes the context (it
-  could write through ``ctx.connection``, so it runs in a savepoint: one round trip per
-  message) and with one that does not (no savepoint, no round trip per message);
+  at most (as many as the handlers' time pays for: one for these), one transaction per chunk
+  (one round trip records the chunk's inbox rows, one commits), acknowledgement after commit.
+  Twice: with a handler that takes the context (it could write through ``ctx.connection``, so
+  it runs in a savepoint; one that runs no statement keeps it for the next: one round trip per
+  chunk) and with one that does not (no savepoint);
 - **inbox, transaction per message** (``--transaction-per-message``).
 
 The handlers do nothing, so the figures show what the inbox costs, not what a handler costs.
