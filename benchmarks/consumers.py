@@ -23,7 +23,14 @@ The script runs against whatever ``outboxer`` is on the path, so the same file m
 older tree too (``PYTHONPATH=<old tree>/src:. python -m benchmarks.consumers``): run old and new
 alternately and compare the ratios, never absolute figures of different runs.
 
+Every adapter runs with its default settings, as a user gets them: its default batch size
+(``batch_size`` in the JSON, per broker) unless ``OUTBOXER_BENCH_BATCH`` sets one for all;
+``mean_batch`` is how many messages a delivered batch held on average. ``OUTBOXER_BENCH_COUNT``
+changes the 10,000 messages. Results: ``consumers.json`` for all four brokers, else
+``consumers_<brokers>.json``; with ``OUTBOXER_BENCH_BATCH`` set, ``…_batch_<n>.json``.
+
 Run: ``.venv/bin/python -m benchmarks.consumers [kafka rabbitmq nats redis]``
+(e.g. ``OUTBOXER_BENCH_BATCH=500 .venv/bin/python -m benchmarks.consumers kafka``)
 """
 
 from __future__ import annotations
@@ -31,11 +38,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import outboxer
 from benchmarks.common import PAYLOAD, PG_URL, fresh_schema, save
@@ -46,10 +54,12 @@ from outboxer.message import Message
 from outboxer.outbox import Outbox
 from outboxer.stores.postgres import PostgresStore
 
-COUNT = 10_000
+COUNT = int(os.environ.get("OUTBOXER_BENCH_COUNT", "10000"))
 KEYS = 1_000
-BATCH = 100
+#: ``None``: each adapter's default batch size.
+BATCH = int(os.environ["OUTBOXER_BENCH_BATCH"]) if os.environ.get("OUTBOXER_BENCH_BATCH") else None
 CONCURRENCY = 8
+ALL = ("kafka", "rabbitmq", "nats", "redis")
 ROUNDS = 2  # best of
 
 registry = HandlerRegistry()  # a handler that could write through ctx.connection
@@ -182,11 +192,20 @@ async def publish(broker: Broker, batch: list[Message]) -> None:
                 raise RuntimeError(f"publishing failed: {next(r for r in results if r)}")
 
 
+class Run(NamedTuple):
+    """One consumption: msg/s, mean ms a batch spent in ``deliver`` (what the inbox adds to
+    each batch), the adapter's batch size and the mean size of a delivered batch."""
+
+    rate: float
+    ms_in_deliver: float
+    batch_size: int
+    mean_batch: float
+
+
 async def timed_consume(
     broker: Broker, topic: str, name: str, deliver: Callable[[Sequence[Message]], Awaitable[Any]]
-) -> tuple[float, float]:
-    """msg/s from the first delivered batch until COUNT messages went through ``deliver``, and
-    the mean time a batch spent in ``deliver`` (ms): what the inbox adds to each batch."""
+) -> Run:
+    """From the first delivered batch until COUNT messages went through ``deliver``."""
     stop = asyncio.Event()
     seen = batches = 0
     first = last = in_deliver = 0.0
@@ -204,7 +223,9 @@ async def timed_consume(
         if seen >= COUNT:
             stop.set()
 
-    adapter = consumer_from_url(broker.url, name=name, topics=[topic], batch_size=BATCH)
+    options = {} if BATCH is None else {"batch_size": BATCH}
+    adapter = consumer_from_url(broker.url, name=name, topics=[topic], **options)
+    batch_size = getattr(getattr(adapter, "settings", None), "batch_size", BATCH or 0)
     async with adapter:
         runner = asyncio.create_task(adapter.run(counting, stop))
         try:
@@ -214,7 +235,7 @@ async def timed_consume(
             await asyncio.wait_for(runner, 30)
     if seen < COUNT:
         raise RuntimeError(f"consumed {seen} of {COUNT}")
-    return seen / (last - first), in_deliver / batches * 1000
+    return Run(seen / (last - first), in_deliver / batches * 1000, batch_size, seen / batches)
 
 
 async def without_inbox(batch: Sequence[Message]) -> None:
@@ -233,8 +254,8 @@ MODES: dict[str, tuple[HandlerRegistry, bool] | None] = {
 }
 
 
-async def one_round(broker: Broker, inbox_store: PostgresStore) -> dict[str, tuple[float, float]]:
-    """(msg/s, ms per batch in deliver) of every mode, one after the other."""
+async def one_round(broker: Broker, inbox_store: PostgresStore) -> dict[str, Run]:
+    """Every mode, one after the other."""
     rates = {}
     for mode, inbox_mode in MODES.items():
         name = f"bench_{uuid.uuid4().hex[:10]}"
@@ -272,29 +293,36 @@ async def main(names: list[str]) -> list[dict[str, Any]]:
         ) as store:
             await store.migrate()
             for name, broker in found.items():
-                best = dict.fromkeys(MODES, (0.0, 0.0))
+                best = dict.fromkeys(MODES, Run(0.0, 0.0, 0, 0.0))
                 for _ in range(ROUNDS):
                     rates = await one_round(broker, store)
                     best = {mode: max(best[mode], rates[mode]) for mode in MODES}
-                without = best["without"][0]
+                without = best["without"]
                 row: dict[str, Any] = {
                     "broker": name,
-                    "without_inbox": round(without),
-                    "without_ms_per_batch": round(BATCH / without * 1000, 2),
+                    "batch_size": without.batch_size,
+                    "mean_batch": round(without.mean_batch, 1),
+                    "without_inbox": round(without.rate),
+                    "without_ms_per_batch": round(without.mean_batch / without.rate * 1000, 2),
                 }
                 for mode in list(MODES)[1:]:
-                    rate, in_deliver = best[mode]
-                    row[mode] = round(rate)
-                    row[f"{mode}_over_without"] = round(rate / without, 2)
-                    row[f"{mode}_ms_in_deliver"] = round(in_deliver, 2)
+                    run = best[mode]
+                    row[mode] = round(run.rate)
+                    row[f"{mode}_over_without"] = round(run.rate / without.rate, 2)
+                    row[f"{mode}_ms_in_deliver"] = round(run.ms_in_deliver, 2)
+                    row[f"{mode}_mean_batch"] = round(run.mean_batch, 1)
                 print(row, flush=True)
                 rows.append(row)
     save(
-        "consumers",
+        "_".join(
+            ["consumers"]
+            + ([] if sorted(names) == sorted(ALL) else list(names))
+            + ([] if BATCH is None else [f"batch_{BATCH}"])
+        ),
         {
             "count": COUNT,
             "keys": KEYS,
-            "batch_size": BATCH,
+            "batch_size": BATCH or "adapter default",
             "concurrency": CONCURRENCY,
             "rounds": ROUNDS,
             "store": "PostgreSQL (asyncpg), synchronous commit",
@@ -305,4 +333,4 @@ async def main(names: list[str]) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1:] or ["kafka", "rabbitmq", "nats", "redis"]))
+    asyncio.run(main(sys.argv[1:] or list(ALL)))
