@@ -205,8 +205,11 @@ class PostgresDatabase(PooledDatabase[asyncpg.Pool, Conn]):
                 timeout=self._timeout,
                 # The claim's estimated cost on a deep backlog passes jit_above_cost, and compiling
                 # it took 0.7 s of a 15 ms claim (EXPLAIN ANALYZE on 1M rows): the store's short
-                # statements never gain from JIT.
-                server_settings={"jit": "off"},
+                # statements never gain from JIT. Generic plans: PostgreSQL planned the ordered
+                # claim anew at every execution (its custom plans looked cheaper), 1.7 of the
+                # 2.1 ms an empty claim took; the generic plan claims as fast on 20k-1M rows
+                # (benchmarks.claim_blocked) and an idle or lightly loaded relay pays 0.45 ms.
+                server_settings={"jit": "off", "plan_cache_mode": "force_generic_plan"},
                 connection_class=CountingConnection,
                 reset=_reset,
             )
