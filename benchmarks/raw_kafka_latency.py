@@ -1,7 +1,7 @@
 """Produce → delivery-report latency of confluent-kafka alone at 1,000 msg/s against Tansu.
 
 The reference for ``benchmarks.latency``'s Kafka row: no database, no outboxer code, the same
-producer settings as the Kafka publisher (idempotent, acks=all, linger.ms=1).
+producer settings as the Kafka publisher (idempotent, acks=all, linger.ms=0).
 
 Run: ``.venv/bin/python -m benchmarks.raw_kafka_latency``
 """
@@ -26,7 +26,7 @@ def main() -> None:
                 "bootstrap.servers": broker.bootstrap,
                 "enable.idempotence": True,
                 "acks": "all",
-                "linger.ms": 1,
+                "linger.ms": 0,
             }
         )
         latencies: list[float] = []

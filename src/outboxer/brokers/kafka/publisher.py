@@ -38,7 +38,7 @@ URL::
     kafka://[user:password@]host[:port][,host[:port]...][?option=value&...]
 
 options (all optional): ``source``, ``client_id``, ``auto_create_topics`` (``false``),
-``linger_ms`` (``1``), ``delivery_timeout`` (seconds, ``10``), ``missing_topic_timeout``
+``linger_ms`` (``0``), ``delivery_timeout`` (seconds, ``10``), ``missing_topic_timeout``
 (seconds, ``5``), ``compression`` (``none``, ``gzip``, ``snappy``, ``lz4``, ``zstd``),
 ``security_protocol`` (``plaintext``, ``ssl``, ``sasl_plaintext``, ``sasl_ssl``),
 ``sasl_mechanism`` (``PLAIN``, ``SCRAM-SHA-256``, ``SCRAM-SHA-512``), ``ssl_ca_location``.
