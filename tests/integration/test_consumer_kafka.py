@@ -10,6 +10,7 @@ import pytest
 
 from outboxer.brokers.kafka import KafkaConsumerSettings
 from outboxer.brokers.kafka.publisher import KafkaPublisher
+from outboxer.errors import ConfigurationError
 from outboxer.message import Message
 from tests.contracts.consumer import ConsumerContract, Prepare, Publish
 from tests.tansu import create_topic, kafka_bootstrap  # noqa: F401 - the fixture
@@ -52,3 +53,16 @@ def test_consumer_options_are_taken_out_of_the_url() -> None:
     assert config["enable.auto.commit"] is False
     assert (config["session.timeout.ms"], config["heartbeat.interval.ms"]) == (10000, 1000)
     assert (config["auto.offset.reset"], config["client.id"]) == ("latest", "svc")
+
+
+def test_fetch_wait_defaults_to_100_ms_and_a_bad_value_is_refused_in_one_line() -> None:
+    def config(query: str) -> dict[str, object]:
+        url = f"kafka://b1{query}"
+        return KafkaConsumerSettings.from_url(url, name="g", topics=["t"]).consumer_config()
+
+    assert config("")["fetch.wait.max.ms"] == 100
+    assert config("?fetch_wait_max_ms=10")["fetch.wait.max.ms"] == 10
+    for bad in ("0", "ten", "60001"):
+        with pytest.raises(ConfigurationError, match="fetch_wait_max_ms") as refused:
+            config(f"?fetch_wait_max_ms={bad}")
+        assert "\n" not in str(refused.value)
