@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 
 import pytest
@@ -63,3 +64,14 @@ def test_refusals_are_one_line_without_the_password() -> None:
         message = str(caught.value)
         assert expected in message
         assert "\n" not in message and "hunter2" not in message
+
+
+@pytest.mark.parametrize("url", ["kafka://127.0.0.1:1", "redis://127.0.0.1:1"])
+async def test_a_consumer_run_before_it_is_opened_says_so(url: str) -> None:
+    consumer = consumer_from_url(url, name="orders", topics=["orders"])
+
+    async def deliver(batch: object) -> None:
+        raise AssertionError("nothing is delivered")
+
+    with pytest.raises(RuntimeError, match=r"Consumer is not open \(use 'async with'\)"):
+        await consumer.run(deliver, asyncio.Event())  # type: ignore[arg-type]

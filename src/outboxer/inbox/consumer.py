@@ -25,13 +25,15 @@ import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from outboxer.inbox.inbox import ConsumerStopping, Inbox, InboxCounters
 from outboxer.message import Message
 from outboxer.ports import SweeperStore, log_last_sweep
 
-__all__ = ["BrokerConsumer", "Deliver", "Deliveries", "run_consumer"]
+__all__ = ["BrokerConsumer", "Deliver", "Deliveries", "opened", "run_consumer"]
+
+_Client = TypeVar("_Client")
 
 log = logging.getLogger("outboxer.consumer")
 
@@ -56,6 +58,13 @@ class BrokerConsumer(Protocol):
         """Fetch batches until ``stop`` is set; ``await deliver(batch)``, then acknowledge the
         batch. Reconnects by itself after broker outages."""
         ...
+
+
+def opened(client: _Client | None, adapter: object) -> _Client:
+    """The client of a broker adapter that ``run`` needs open (``async with adapter:``)."""
+    if client is None:
+        raise RuntimeError(f"{type(adapter).__name__} is not open (use 'async with')")
+    return client
 
 
 class Deliveries:

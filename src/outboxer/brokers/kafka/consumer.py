@@ -48,7 +48,7 @@ from outboxer.brokers.kafka._client_log import client_log as quiet_client_log
 from outboxer.brokers.kafka.settings import KafkaConsumerSettings
 from outboxer.brokers.kafka.wire import decode
 from outboxer.errors import ConfigurationError
-from outboxer.inbox.consumer import Deliver, Deliveries
+from outboxer.inbox.consumer import Deliver, Deliveries, opened
 from outboxer.message import Message
 
 __all__ = ["KafkaConsumer"]
@@ -149,9 +149,7 @@ class KafkaConsumer:
     # -- the loop ---------------------------------------------------------------------------
 
     async def run(self, deliver: Deliver, stop: asyncio.Event) -> None:
-        client = self._client
-        if client is None:
-            raise RuntimeError("KafkaConsumer is not open (use 'async with')")
+        client = opened(self._client, self)
         async with Deliveries(deliver) as deliveries:
             await self._consume(client, deliveries, stop)
 

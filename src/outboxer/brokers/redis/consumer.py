@@ -49,7 +49,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from outboxer.brokers.redis.settings import RedisConsumerSettings
 from outboxer.brokers.redis.wire import decode
-from outboxer.inbox.consumer import Deliver, Deliveries
+from outboxer.inbox.consumer import Deliver, Deliveries, opened
 from outboxer.message import Message
 
 __all__ = ["RedisConsumer"]
@@ -110,9 +110,7 @@ class RedisConsumer:
         )
 
     async def run(self, deliver: Deliver, stop: asyncio.Event) -> None:
-        client = self._client
-        if client is None:
-            raise RuntimeError("RedisConsumer is not open (use 'async with')")
+        client = opened(self._client, self)
         async with Deliveries(deliver) as deliveries:
             await self._consume(client, deliveries, stop)
 
