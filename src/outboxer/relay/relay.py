@@ -122,6 +122,38 @@ class _Chained:
     #: was abandoned, they are still leased) block their keys again.
     done: bool = False
 
+    async def wait_for_earlier(self) -> set[str]:
+        """Wait until the calls of the batches this one continues returned; the keys that did
+        not go through there."""
+        for earlier in {id(b): b for b in self.before.values()}.values():
+            await earlier.published.wait()
+        return {key for key, earlier in self.before.items() if key in earlier.failed}
+
+
+@dataclass(eq=False, slots=True)
+class _Fence:
+    """A pipelined call's results sorted by the fence of :meth:`Relay._publish_runs`: a key's
+    messages behind its first failure (or behind an earlier batch's) are released whatever the
+    broker answered."""
+
+    failed: set[str]
+    ahead: list[Message] = field(default_factory=list)
+    ahead_results: list[PublishError | None] = field(default_factory=list)
+    behind: list[str] = field(default_factory=list)
+    #: Messages behind a failure that the broker accepted anyway: the duplicates to come.
+    accepted_behind: int = 0
+
+    def add(self, message: Message, result: PublishError | None) -> None:
+        key = message.key
+        if key is not None and key in self.failed:
+            self.behind.append(message.id)
+            self.accepted_behind += result is None
+            return
+        if key is not None and result is not None:
+            self.failed.add(key)
+        self.ahead.append(message)
+        self.ahead_results.append(result)
+
 
 def _log_death(task: asyncio.Task[None]) -> None:
     """Done callback of a helper task: its unexpected end is logged, never silent."""
@@ -612,8 +644,7 @@ class Relay:
             # another relay can take it without waiting for the lease to expire.
             settled = settlement.settled_ids()
             rest = [m.id for m in claim.messages if m.id not in settled]
-            settlement.released.extend(rest)
-            self.counters.released += len(rest)
+            self._release(settlement, rest)
             await asyncio.shield(self._settle(claim, settlement))
             raise
         self.counters.batches += 1
@@ -637,47 +668,35 @@ class Relay:
         until those batches' calls returned, and releases, unsent, the messages of every key
         that did not go through there: the same fence, across batches.
         """
-        failed: set[str] = set()
-        if chained is not None:
-            for earlier in {id(b): b for b in chained.before.values()}.values():
-                await earlier.published.wait()
-            failed = {key for key, earlier in chained.before.items() if key in earlier.failed}
+        failed = await chained.wait_for_earlier() if chained is not None else set()
         unsent = [m.id for m in messages if m.key is not None and m.key in failed]
         if unsent:
             messages = [m for m in messages if m.key is None or m.key not in failed]
-            settlement.released.extend(unsent)
-            self.counters.released += len(unsent)
+            self._release(settlement, unsent)
         started = self._now()
         results = await self._publish(messages)
         seconds = self._now() - started
-        ahead: list[Message] = []
-        ahead_results: list[PublishError | None] = []
-        behind: list[str] = []
-        accepted_behind = 0
+        fence = _Fence(failed)
         for message, result in zip(messages, results, strict=True):
-            key = message.key
-            if key is not None and key in failed:
-                behind.append(message.id)
-                accepted_behind += result is None
-                continue
-            if key is not None and result is not None:
-                failed.add(key)
-            ahead.append(message)
-            ahead_results.append(result)
-        self._classify(ahead, ahead_results, settlement, seconds)
-        settlement.released.extend(behind)
-        self.counters.released += len(behind)
+            fence.add(message, result)
+        self._classify(fence.ahead, fence.ahead_results, settlement, seconds)
+        self._release(settlement, fence.behind)
         if chained is not None:
             published = set(settlement.published)
             keys = {m.key for m in messages if m.key is not None and m.id not in published}
-            chained.failed = failed | keys
+            chained.failed = fence.failed | keys
             chained.published.set()
-        if accepted_behind:
+        if fence.accepted_behind:
             log.warning(
                 "%d messages were accepted by the broker behind a failed message of their key: "
                 "they stay in the outbox and are published again after it (duplicates)",
-                accepted_behind,
+                fence.accepted_behind,
             )
+
+    def _release(self, settlement: Settlement, ids: Sequence[str]) -> None:
+        """Hand ``ids`` back unpublished, no attempt counted (they stay behind their key)."""
+        settlement.released.extend(ids)
+        self.counters.released += len(ids)
 
     async def _publish_in_waves(self, messages: Sequence[Message], settlement: Settlement) -> None:
         """Publish a claim whose keys may have runs of several messages, keeping key order.
@@ -701,16 +720,14 @@ class Relay:
         for n, wave in enumerate(waves):
             todo = [m for m in wave if m.key not in blocked]
             held = [m.id for m in wave if m.key in blocked]
-            settlement.released.extend(held)
-            self.counters.released += len(held)
+            self._release(settlement, held)
             started = self._now()
             results = await self._publish(todo)
             outage = self._classify(todo, results, settlement, self._now() - started)
             blocked.update(m.key for m, r in zip(todo, results, strict=True) if r is not None)
             if outage:
                 rest = [m.id for later in waves[n + 1 :] for m in later]
-                settlement.released.extend(rest)
-                self.counters.released += len(rest)
+                self._release(settlement, rest)
                 return
 
     async def _publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
