@@ -46,22 +46,29 @@ RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.head
 --     may sit in the middle of a key. So a candidate is kept only if the number of rows of its
 --     key up to it equals its rank among our candidates of that key: no gap before it. (A
 --     suspect is such a gap too: it is never a candidate.)
--- Where candidates are looked for (issue 14, docs/adr/0010): a walk of the seq index skips the
--- rows behind a blocked head one by one, so with every key blocked it read the whole backlog
--- to find nothing (8 s on 1,000,000 rows). So:
---  a. front: the walk, over the front of the table only ($7 values of seq from its oldest
---     row: the relays' batches in flight and the next batch). Usually this fills the batch and
---     nothing below runs (each of b-e waits on "short").
+-- Where candidates are looked for (issue 14, docs/adr/0010 and 0011): a walk of the seq index
+-- skips the rows behind a blocked head one by one, so with every key blocked it read the whole
+-- backlog to find nothing (8 s on 1,000,000 rows). So:
+--  a. front: the oldest rows, read without locks: at most 2 x $1 rows not leased under $6, in
+--     the $7 values of seq from the oldest row ("edge": where the front ends). A key's head is
+--     in the front when any of its rows is, so the front alone decides 1 and 2 for its rows,
+--     with no probe per row or per key: a keyed row is eligible when it is claimable and every
+--     row of its key before it in the front is too ("blocked": the first row of each key that
+--     is not). The eligible rows are then locked oldest first, SKIP LOCKED, $1 at most, and a
+--     locked row is kept only if no eligible row of its key before it was skipped ("missed").
+--     Usually this fills the batch and nothing below runs (each of b-e waits on "short").
 --  b. keys: otherwise each key's head, by a skip scan of the (key, seq) index (a recursive
 --     CTE: one probe per key, never a walk over a key's rows), $8 keys at most; heads: each
 --     key's first row not leased under $6 and whether it is claimable.
 --  c. keyed: behind the front, the runs of the oldest claimable heads (a run that began in the
---     front goes on), each looked for in the $1 values of seq from its head through the
---     (key, seq) index.
+--     front goes on), each looked for through the (key, seq) index in the $1 values of seq from
+--     its head, or from the front's end for a head in the front.
 --  d. unkeyed: behind the front, the oldest claimable unkeyed rows ("{t}_unkeyed", 0007).
---  e. rest: with $8 keys or more, the walk goes on behind the front as in a. (With that many
---     keys claimable rows lie soon behind the front, unless thousands of keys are blocked.)
--- b-e only narrow where candidates come from: 1 and 2 hold for all of them together.
+--  e. rest: with $8 keys or more, the walk goes on behind the front as before 0010, probing
+--     each row's head. (With that many keys claimable rows lie soon behind the front, unless
+--     thousands of keys are blocked.)
+-- b-e only narrow where candidates come from: 1 and 2 hold for all of them together (their
+-- rows are kept by 2's count, in which the front's locked rows take part).
 -- Crash isolation (0005): a suspect that heads its key is claimed alone, before anything else.
 -- Rows leased under a token of $6 (behind: this relay's batches in flight, ADR 0008) neither
 -- block their key's head nor count in 2.: the relay claims the next rows of keys it is
@@ -80,22 +87,52 @@ WITH RECURSIVE suspect AS MATERIALIZED (
 ), bounds AS MATERIALIZED (
     SELECT min(f.seq) + $7 AS front_end, pg_snapshot_xmin(pg_current_snapshot()) AS gate
     FROM {outbox} f
-), front AS MATERIALIZED (
-    SELECT o.ctid, o.key, o.seq FROM {outbox} o
-    WHERE o.seq <= (SELECT front_end FROM bounds)
-      AND o.claim_token IS NULL AND o.available_at <= now()
-      AND o.lease_expiries = 0 AND NOT EXISTS (SELECT 1 FROM suspect)
-      AND (o.txid IS NULL OR o.txid < (SELECT gate FROM bounds))
-      AND (NOT $5::bool OR o.key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM {dead_letters} d WHERE d.key = o.key AND d.direction = 'publish'))
-      AND (o.key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM (SELECT h.claim_token, h.available_at FROM {outbox} h
-                           WHERE h.key = o.key ORDER BY h.seq LIMIT 1) head
-            WHERE (head.claim_token IS NOT NULL AND head.claim_token <> ALL($6::bigint[]))
-               OR head.available_at > now()))
+), walk AS MATERIALIZED (
+    -- a.: the front as this statement's snapshot shows it (no locks yet)
+    SELECT o.key, o.seq,
+           o.claim_token IS NULL AND o.available_at <= now() AND o.lease_expiries = 0
+           AND (o.txid IS NULL OR o.txid < (SELECT gate FROM bounds))
+           AND (NOT $5::bool OR o.key IS NULL OR NOT EXISTS (
+                 SELECT 1 FROM {dead_letters} d WHERE d.key = o.key AND d.direction = 'publish'))
+           AS claimable, o.ctid
+    FROM {outbox} o
+    WHERE o.seq <= (SELECT front_end FROM bounds) AND NOT EXISTS (SELECT 1 FROM suspect)
+      AND (o.claim_token IS NULL OR o.claim_token <> ALL($6::bigint[]))
     ORDER BY o.seq
+    LIMIT 2 * $1
+), edge AS MATERIALIZED (
+    -- where the front ends: b-e look only behind it
+    SELECT CASE WHEN count(*) = 2 * $1 THEN max(seq) ELSE (SELECT front_end FROM bounds) END
+           AS front_end
+    FROM walk
+), blocked AS MATERIALIZED (
+    -- each key's first row in the front that is not claimable (a head leased by another relay
+    -- or waiting, a delayed or suspect row in the middle, a row behind the gate)
+    SELECT key, min(seq) AS seq FROM walk WHERE NOT claimable AND key IS NOT NULL GROUP BY key
+), eligible AS MATERIALIZED (
+    SELECT w.ctid, w.key, w.seq FROM walk w
+    WHERE w.claimable
+      AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.key = w.key AND b.seq < w.seq)
+), front AS MATERIALIZED (
+    -- locked one by one (a TID probe each), oldest first, until $1 are; the quals are checked
+    -- again on the row's newest version when another relay changed it since the snapshot
+    SELECT l.ctid, e.key, e.seq
+    FROM (SELECT ctid, key, seq FROM eligible ORDER BY seq) e
+    CROSS JOIN LATERAL (
+        SELECT o.ctid FROM {outbox} o
+        WHERE o.ctid = e.ctid
+          AND o.claim_token IS NULL AND o.available_at <= now() AND o.lease_expiries = 0
+        FOR UPDATE SKIP LOCKED) l
     LIMIT $1
-    FOR UPDATE SKIP LOCKED
+), missed AS MATERIALIZED (
+    -- eligible rows the locks skipped (another relay is claiming them): a gap in their key
+    SELECT e.key, min(e.seq) AS seq FROM eligible e
+    WHERE e.key IS NOT NULL AND e.seq < (SELECT max(seq) FROM front)
+      AND NOT EXISTS (SELECT 1 FROM front f WHERE f.seq = e.seq)
+    GROUP BY e.key
+), front_kept AS (
+    SELECT f.ctid, f.seq FROM front f
+    WHERE NOT EXISTS (SELECT 1 FROM missed m WHERE m.key = f.key AND m.seq < f.seq)
 ), short AS MATERIALIZED (
     -- what the batch still lacks after the front (0 when there is a suspect)
     SELECT CASE WHEN EXISTS (SELECT 1 FROM suspect) THEN 0 ELSE $1 - count(*) END AS n
@@ -136,8 +173,9 @@ WITH RECURSIVE suspect AS MATERIALIZED (
     FROM (SELECT h.key, h.seq FROM heads h
           WHERE h.free AND (SELECT yes FROM few_keys) AND (SELECT n FROM short) > 0
           ORDER BY h.seq LIMIT $1) h
-    JOIN {outbox} o ON o.key = h.key AND o.seq BETWEEN h.seq AND h.seq + $1
-    WHERE o.seq > (SELECT front_end FROM bounds)
+    JOIN {outbox} o ON o.key = h.key
+     AND o.seq BETWEEN h.seq AND greatest(h.seq, (SELECT front_end FROM edge)) + $1
+    WHERE o.seq > (SELECT front_end FROM edge)
       AND o.claim_token IS NULL AND o.available_at <= now() AND o.lease_expiries = 0
       AND (o.txid IS NULL OR o.txid < (SELECT gate FROM bounds))
     ORDER BY o.seq
@@ -145,7 +183,7 @@ WITH RECURSIVE suspect AS MATERIALIZED (
     FOR UPDATE OF o SKIP LOCKED
 ), unkeyed AS MATERIALIZED (
     SELECT o.ctid, o.key, o.seq FROM {outbox} o
-    WHERE o.key IS NULL AND o.seq > (SELECT front_end FROM bounds)
+    WHERE o.key IS NULL AND o.seq > (SELECT front_end FROM edge)
       AND (SELECT n FROM short) > 0 AND (SELECT yes FROM few_keys)
       AND o.claim_token IS NULL AND o.available_at <= now() AND o.lease_expiries = 0
       AND (o.txid IS NULL OR o.txid < (SELECT gate FROM bounds))
@@ -154,7 +192,7 @@ WITH RECURSIVE suspect AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ), rest AS MATERIALIZED (
     SELECT o.ctid, o.key, o.seq FROM {outbox} o
-    WHERE o.seq > (SELECT front_end FROM bounds)
+    WHERE o.seq > (SELECT front_end FROM edge)
       AND (SELECT n FROM short) > 0 AND NOT (SELECT yes FROM few_keys)
       AND o.claim_token IS NULL AND o.available_at <= now() AND o.lease_expiries = 0
       AND (o.txid IS NULL OR o.txid < (SELECT gate FROM bounds))
@@ -168,19 +206,26 @@ WITH RECURSIVE suspect AS MATERIALIZED (
     ORDER BY o.seq
     LIMIT (SELECT n FROM short)
     FOR UPDATE SKIP LOCKED
-), candidates AS (
-    SELECT ctid, key, seq FROM front
-    UNION ALL SELECT ctid, key, seq FROM keyed
+), others AS (
+    SELECT ctid, key, seq FROM keyed
     UNION ALL SELECT ctid, key, seq FROM unkeyed
     UNION ALL SELECT ctid, key, seq FROM rest
 ), ranked AS (
-    SELECT ctid, key, seq, row_number() OVER (PARTITION BY key ORDER BY seq) AS rank
-    FROM candidates WHERE key IS NOT NULL
+    -- 2. for the rows behind the front, ranked among all of this claim's rows of their key
+    SELECT ctid, key, seq, past_front,
+           row_number() OVER (PARTITION BY key ORDER BY seq) AS rank
+    FROM (SELECT ctid, key, seq, false AS past_front FROM front
+          WHERE key IS NOT NULL AND (SELECT n FROM short) > 0
+          UNION ALL
+          SELECT ctid, key, seq, true FROM others WHERE key IS NOT NULL) c
 ), kept AS (
-    SELECT ctid, seq FROM candidates WHERE key IS NULL
+    SELECT ctid, seq FROM front_kept
+    UNION ALL
+    SELECT ctid, seq FROM others WHERE key IS NULL
     UNION ALL
     SELECT r.ctid, r.seq FROM ranked r
-    WHERE (SELECT count(*) FROM {outbox} k
+    WHERE r.past_front
+      AND (SELECT count(*) FROM {outbox} k
            WHERE k.key = r.key AND k.seq <= r.seq
              AND (k.claim_token IS NULL OR k.claim_token <> ALL($6::bigint[]))) = r.rank
 )
