@@ -143,6 +143,21 @@ class _Fence:
     #: Messages behind a failure that the broker accepted anyway: the duplicates to come.
     accepted_behind: int = 0
 
+    @classmethod
+    def of(
+        cls,
+        failed: set[str],
+        messages: Sequence[Message],
+        results: Sequence[PublishError | None],
+    ) -> _Fence:
+        """The fence of one call's results (``failed``: the keys stopped before it)."""
+        if not failed and all(result is None for result in results):
+            return cls(failed, list(messages), list(results))  # the usual case: nothing to fence
+        fence = cls(failed)
+        for message, result in zip(messages, results, strict=True):
+            fence.add(message, result)
+        return fence
+
     def add(self, message: Message, result: PublishError | None) -> None:
         key = message.key
         if key is not None and key in self.failed:
@@ -669,21 +684,21 @@ class Relay:
         that did not go through there: the same fence, across batches.
         """
         failed = await chained.wait_for_earlier() if chained is not None else set()
-        unsent = [m.id for m in messages if m.key is not None and m.key in failed]
-        if unsent:
+        if failed:
+            unsent = [m.id for m in messages if m.key is not None and m.key in failed]
             messages = [m for m in messages if m.key is None or m.key not in failed]
             self._release(settlement, unsent)
         started = self._now()
         results = await self._publish(messages)
         seconds = self._now() - started
-        fence = _Fence(failed)
-        for message, result in zip(messages, results, strict=True):
-            fence.add(message, result)
+        fence = _Fence.of(failed, messages, results)
         self._classify(fence.ahead, fence.ahead_results, settlement, seconds)
         self._release(settlement, fence.behind)
         if chained is not None:
-            published = set(settlement.published)
-            keys = {m.key for m in messages if m.key is not None and m.id not in published}
+            keys: set[str] = set()
+            if len(settlement.published) < len(messages):
+                published = set(settlement.published)
+                keys = {m.key for m in messages if m.key is not None and m.id not in published}
             chained.failed = fence.failed | keys
             chained.published.set()
         if fence.accepted_behind:
