@@ -42,6 +42,7 @@ from outboxer.ports import ClaimRequest, Retry, Settlement
 from outboxer.stores import _sql
 from outboxer.stores._common import claim_from_rows
 from outboxer.stores.postgres import PostgresStore
+from outboxer.stores.postgres.relay import FRONT_PER_MESSAGE, KEYS_PER_MESSAGE
 
 SIZES = (20_000, 100_000, 1_000_000)
 KEYS = 1000
@@ -76,7 +77,7 @@ async def copy_fill(schema: str, count: int, keys: int = KEYS) -> None:
 
 
 def baseline_claim(revision: str, names: TableNames) -> str:
-    """The ``claim_ordered`` statement of ``revision`` (a single statement until issue 14)."""
+    """The ``claim_ordered`` statement of ``revision`` (one statement at every revision)."""
     text = subprocess.run(
         ["git", "show", f"{revision}:src/outboxer/stores/postgres/sql/queries.sql"],
         check=True,
@@ -128,8 +129,11 @@ async def run(count: int, how: str) -> dict[str, Any]:
 
             async def old() -> int:
                 # as the store's claim_batch of that revision did, and released the same way
+                args: tuple[Any, ...] = (500, 1, "bench", 30.0, False, [])
+                if "$8" in old_sql:  # the bounded claim (ADR 0010): front and keys, as relay.py
+                    args += (500 * FRONT_PER_MESSAGE, 500 * KEYS_PER_MESSAGE)
                 async with store.db.connection() as conn:
-                    rows = await conn.fetch(old_sql, 500, 1, "bench", 30.0, False, [])
+                    rows = await conn.fetch(old_sql, *args)
                 claim = claim_from_rows(1, rows)
                 if claim.messages:
                     await store.settle(claim, Settlement(released=[m.id for m in claim.messages]))
