@@ -49,6 +49,9 @@ __all__ = [
     "log_last_sweep",
     "InboxHandler",
     "InboxReceipt",
+    "BLOCKED_RECEIPT",
+    "DUPLICATE_RECEIPT",
+    "FRESH_RECEIPT",
     "InboxSession",
     "InboxStore",
     "InboxTransaction",
@@ -648,6 +651,12 @@ class InboxReceipt:
 
     fresh: bool
     blocked: bool
+
+
+#: The three receipts there are (stores hand these out rather than make one per message).
+FRESH_RECEIPT = InboxReceipt(fresh=True, blocked=False)
+BLOCKED_RECEIPT = InboxReceipt(fresh=True, blocked=True)
+DUPLICATE_RECEIPT = InboxReceipt(fresh=False, blocked=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,6 +154,32 @@ def test_classes_and_callable_objects_are_handlers() -> None:
     assert calls == ["class:e@example.com", "audit:5"]
 
 
+async def test_a_handler_registered_after_a_message_was_routed_runs_too() -> None:
+    """The inbox looks handlers up through a route worked out once per (type, topic); a later
+    registration for that type must not be missed, nor make the context-taking one lose it."""
+    registry = HandlerRegistry()
+    calls: list[str] = []
+
+    @registry.handler("Step")
+    async def first(data: dict[str, int]) -> None:
+        calls.append(f"first:{data['n']}")
+
+    inbox = Inbox(InMemoryStore(), registry, settings())
+    assert await inbox.receive(event({"n": 1}, "Step")) == "handled"
+    route = registry.route(event({"n": 0}, "Step"))
+    assert route is not None and not route.wants_context
+
+    @registry.handler("Step")
+    async def second(data: dict[str, int], ctx: HandlerContext) -> None:
+        calls.append(f"second:{data['n']}:{ctx.attempt}")
+
+    assert registry.wants_context(event({"n": 0}, "Step"))
+    assert await inbox.receive(event({"n": 2}, "Step")) == "handled"
+    assert registry.route(event({"n": 0}, "Other")) is None
+    assert await inbox.receive(event({"n": 3}, "Other")) == "ignored"
+    assert calls == ["first:1", "first:2", "second:2:1"]
+
+
 def test_registration_refuses_what_it_cannot_call() -> None:
     registry = HandlerRegistry()
     with pytest.raises(ConfigurationError, match="type or a topic"):

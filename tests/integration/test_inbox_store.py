@@ -284,6 +284,24 @@ class InboxStoreContract:
         if self.transactional:
             assert sorted(await effects.read()) == ["c:m-1", "c:m-2", "c:m-3", "c:m-4", "c:m-5"]
 
+    async def test_a_batch_mixes_duplicates_fresh_and_waiting_messages(
+        self, store: Mode, effects: Effects
+    ) -> None:
+        """One recording statement answers for a whole batch: what was there already, a
+        repeat within the batch, a message behind a failing key and fresh ones, in any mix,
+        and a batch of duplicates only."""
+        judge = retry_after(60)
+        handler = effects.handler(fail=lambda m, attempt: m.id == "m-1")
+        options: dict[str, Any] = {"on_failure": judge, "retention_seconds": 60}
+        assert await one(store, "c", message(1, key="a"), handler, **options) == "retrying"
+        assert await one(store, "c", message(2), handler, **options) == "handled"
+        batch = [message(2), message(3, key="a"), message(4, key="b"), message(4), message(5)]
+        outcomes = await store.consume("c", batch, handler, **options)
+        assert outcomes == ["duplicate", "waiting", "handled", "duplicate", "handled"]
+        again = await store.consume("c", [message(5), message(2)], handler, **options)
+        assert again == ["duplicate", "duplicate"]
+        assert [i for i, _ in effects.calls] == ["m-1", "m-2", "m-4", "m-5"]
+
     async def test_one_call_commits_each_message_on_its_own(
         self, store: InboxStore, effects: Effects
     ) -> None:

@@ -35,6 +35,7 @@ from outboxer.ports import (
     ConsumeOutcome,
     FailurePolicy,
     InboxHandler,
+    InboxReceipt,
     InboxStore,
     InboxTransaction,
 )
@@ -100,12 +101,16 @@ async def _deliver(
     first: dict[str, Message] = {}
     for message in messages:
         first.setdefault(message.id, message)  # a repeat within the batch is a duplicate
-    received = await tx.receive(consumer, list(first.values()), retention)
-    receipts = dict(zip(first, received, strict=True))
+    received: Sequence[InboxReceipt | None] = await tx.receive(
+        consumer, list(first.values()), retention
+    )
+    if len(first) < len(messages):  # only the first of a repeated id has a receipt
+        receipts = dict(zip(first, received, strict=True))
+        received = [receipts.pop(message.id, None) for message in messages]
     failing_keys: set[str] = set()  # keys that got a failure in this batch
     outcomes: list[ConsumeOutcome] = []
-    for message in messages:
-        receipt = receipts.pop(message.id, None)
+    run_handler = tx.run_handler
+    for message, receipt in zip(messages, received, strict=True):
         if receipt is None or not receipt.fresh:
             outcomes.append("duplicate")
             continue
@@ -115,24 +120,25 @@ async def _deliver(
             await tx.record_failure(consumer, message, 0, ConsumeFailure(reason, 0.0))
             outcome: ConsumeOutcome = "waiting"
         else:
-            outcome = await _first_attempt(tx, consumer, message, handler, on_failure, may_write)
+            # The first attempt, written inline: this loop runs once per delivered message.
+            error = await run_handler(handler, message, 1, isolated=may_write(message))
+            if error is None:
+                outcomes.append("handled")
+                continue
+            outcome = await _first_failure(tx, consumer, message, error, on_failure)
         if outcome in ("waiting", "retrying") and message.key is not None:
             failing_keys.add(message.key)
         outcomes.append(outcome)
     return outcomes
 
 
-async def _first_attempt(
+async def _first_failure(
     tx: InboxTransaction,
     consumer: str,
     message: Message,
-    handler: InboxHandler,
+    error: Exception,
     on_failure: FailurePolicy,
-    may_write: Callable[[Message], bool],
 ) -> ConsumeOutcome:
-    error = await tx.run_handler(handler, message, 1, isolated=may_write(message))
-    if error is None:
-        return "handled"
     failure = on_failure(message, 1, error)
     await tx.record_failure(consumer, message, 1, failure)
     if failure.retry_in is None:

@@ -33,7 +33,7 @@ import os
 import re
 import socket
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -51,7 +51,12 @@ from outboxer.config import (
 )
 from outboxer.errors import ConfigurationError, OutboxerError, PermanentPublishError, StoreError
 from outboxer.inbox.consume import consume, redrive_consume_failures
-from outboxer.inbox.registry import HandlerContext, HandlerRegistry, PermanentHandlerError
+from outboxer.inbox.registry import (
+    Handler,
+    HandlerContext,
+    HandlerRegistry,
+    PermanentHandlerError,
+)
 from outboxer.message import Message
 from outboxer.ports import ConsumeFailure, ConsumeOutcome, InboxStore, SweeperStore
 
@@ -214,6 +219,11 @@ class InboxCounters:
     def count(self, outcome: DeliveryOutcome) -> None:
         setattr(self, outcome, getattr(self, outcome) + 1)
 
+    def add(self, outcomes: Sequence[DeliveryOutcome]) -> None:
+        """Count a chunk's outcomes (one attribute update per kind, not per message)."""
+        for outcome, n in Counter(outcomes).items():
+            setattr(self, outcome, getattr(self, outcome) + n)
+
     def to_json(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
 
@@ -366,10 +376,7 @@ class Inbox:
         cost about ``k * _CHUNK_COST + n * h / k``, least near ``k = sqrt(n * h / _CHUNK_COST)``.
         Handlers that return at once get one chunk; slow ones ``concurrency``; the first batch
         (nothing measured yet) ``concurrency`` too."""
-        lanes: dict[object, list[int]] = defaultdict(list)
-        for index, message in enumerate(messages):
-            lanes[message.key if message.key is not None else (None, index)].append(index)
-        count = min(self.settings.concurrency, len(lanes))
+        count = self.settings.concurrency
         # A transaction per message (not batch_transactions) costs its round trips per message
         # whatever the chunks: every connection helps then.
         if self._handler_seconds is not None and self.settings.batch_transactions:
@@ -380,6 +387,12 @@ class Inbox:
             if low * _CHUNK_COST + work / low > (low + 1) * _CHUNK_COST + work / (low + 1):
                 low += 1
             count = min(count, low)
+        if count == 1:
+            return [list(range(len(messages)))] if messages else []
+        lanes: dict[object, list[int]] = defaultdict(list)
+        for index, message in enumerate(messages):
+            lanes[message.key if message.key is not None else (None, index)].append(index)
+        count = min(count, len(lanes))
         chunks: list[list[int]] = [[] for _ in range(count)]
         for lane in sorted(lanes.values(), key=len, reverse=True):
             min(chunks, key=len).extend(lane)
@@ -387,10 +400,11 @@ class Inbox:
 
     async def _store_chunk(self, messages: Sequence[Message]) -> list[DeliveryOutcome]:
         """One store call for the messages that have handlers; ``ignored`` for the rest."""
-        handled = [m for m in messages if self.registry.handlers_for(m)]
-        stored: list[ConsumeOutcome] = []
+        route = self.registry.route
+        handled = [m for m in messages if route(m) is not None]
+        outcomes: list[DeliveryOutcome] = []
         if handled:
-            stored = await consume(
+            outcomes += await consume(
                 self.store,
                 self.consumer,
                 handled,
@@ -400,18 +414,21 @@ class Inbox:
                 single_transaction=self.settings.batch_transactions,
                 may_write=self.registry.wants_context,
             )
-        results = iter(stored)
-        outcomes: list[DeliveryOutcome] = []
-        for message in messages:
-            if self.registry.handlers_for(message):
-                outcomes.append(next(results))
-            else:
-                log.debug(
-                    "no handler for %s (type %r, topic %r)", message.id, message.type, message.topic
-                )
-                outcomes.append("ignored")
-        for outcome in outcomes:
-            self.counters.count(outcome)
+        if len(handled) < len(messages):
+            results = iter(outcomes)
+            outcomes = []
+            for message in messages:
+                if route(message) is not None:
+                    outcomes.append(next(results))
+                else:
+                    log.debug(
+                        "no handler for %s (type %r, topic %r)",
+                        message.id,
+                        message.type,
+                        message.topic,
+                    )
+                    outcomes.append("ignored")
+        self.counters.add(outcomes)
         return outcomes
 
     async def _store_until_stored(self, messages: Sequence[Message]) -> list[DeliveryOutcome]:
@@ -445,20 +462,32 @@ class Inbox:
     # -- handlers ------------------------------------------------------------------------------
 
     async def _run_handlers(self, message: Message, connection: Any, attempt: int) -> None:
-        context = HandlerContext(
-            message=message, connection=connection, consumer=self.consumer, attempt=attempt
-        )
+        route = self.registry.route(message)
+        if route is None:  # not routed when the chunk was split: nothing to run
+            return
+        # The context is made only for a handler that takes it (most do not).
+        context = None
         started = time.perf_counter()
         try:
-            for handler in self.registry.handlers_for(message):
-                if self.registry.is_async(handler):
-                    await self.registry.call(handler, message, context)
-                else:
+            for handler, signature in route.calls:
+                if signature.wants_context and context is None:
+                    context = HandlerContext(message, connection, self.consumer, attempt)
+                if not signature.is_async:
                     # A plain handler (an SMTP call, an HTTP request) must not block the loop.
-                    await asyncio.to_thread(self.registry.call, handler, message, context)
+                    await asyncio.to_thread(self._call_plain, handler, message, context)
+                elif signature.wants_context:
+                    await handler(signature.decode(message), context)
+                else:
+                    await handler(signature.decode(message))
         finally:
             self._handler_time += time.perf_counter() - started
             self._handler_runs += 1
+
+    def _call_plain(
+        self, handler: Handler, message: Message, context: HandlerContext | None
+    ) -> None:
+        """A plain handler, in a worker thread: the payload is decoded there too."""
+        self.registry.call(handler, message, context or HandlerContext(message))
 
     def _judge(self, message: Message, attempts: int, error: Exception) -> ConsumeFailure:
         reason = f"consumer {self.consumer!r}: {type(error).__name__}: {error}"

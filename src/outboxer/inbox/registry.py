@@ -49,11 +49,15 @@ __all__ = [
     "HandlerContext",
     "HandlerRegistry",
     "PermanentHandlerError",
+    "Route",
     "UndecodablePayload",
     "load_registry",
 ]
 
 Handler = Callable[..., Any] | Callable[..., Awaitable[Any]]
+
+#: Routes (see :meth:`HandlerRegistry.route`) kept at most.
+_ROUTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,20 @@ class _Signature:
     decode: Callable[[Message], Any]
     wants_context: bool
     is_async: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The handlers of one (type, topic) with how to call each, worked out once per pair:
+    what the inbox looks up per message instead of going through the registry's lists.
+
+    Attributes:
+        calls: Each handler and its signature, in registration order.
+        wants_context: Whether any of them takes the context (and so may write).
+    """
+
+    calls: tuple[tuple[Handler, _Signature], ...]
+    wants_context: bool
 
 
 def _decoder_for(annotation: Any, handler: Handler) -> tuple[Callable[[Message], Any], str | None]:
@@ -221,6 +239,9 @@ class HandlerRegistry:
         self._by_topic: dict[str, list[Handler]] = defaultdict(list)
         # id(handler) -> how to call it; the handler objects stay alive in the lists above.
         self._signatures: dict[int, _Signature] = {}
+        # (type, topic) -> its route; cleared by register(), and when it grows past
+        # _ROUTES (a consumer of many topics, say one NATS subject per entity).
+        self._routes: dict[tuple[str | None, str], Route | None] = {}
 
     def register(
         self,
@@ -251,6 +272,7 @@ class HandlerRegistry:
         if type is None and topic is None:
             raise ConfigurationError("a handler needs a message type or a topic")
         self._signatures[id(handler)] = signature
+        self._routes.clear()
         if type is not None:
             self._by_type[type].append(handler)
         if topic is not None:
@@ -280,6 +302,24 @@ class HandlerRegistry:
             return self._by_type[message.type]
         return self._by_topic.get(message.topic, [])
 
+    def route(self, message: Message) -> Route | None:
+        """The handlers of ``message`` with their signatures (:meth:`handlers_for`), ``None``
+        when it has none; worked out once per (type, topic)."""
+        pair = (message.type, message.topic)
+        try:
+            return self._routes[pair]
+        except KeyError:
+            pass
+        handlers = self.handlers_for(message)
+        if len(self._routes) >= _ROUTES:
+            self._routes.clear()
+        route = None
+        if handlers:
+            calls = tuple((h, self._signature(h)) for h in handlers)
+            route = Route(calls, any(signature.wants_context for _, signature in calls))
+        self._routes[pair] = route
+        return route
+
     @property
     def topics(self) -> list[str]:
         """The topics handlers were registered for (consumers subscribe to them by default)."""
@@ -303,7 +343,8 @@ class HandlerRegistry:
     def wants_context(self, message: Message) -> bool:
         """Whether a handler of ``message`` takes the context, and so may write through
         ``ctx.connection`` (the inbox runs only those in a savepoint)."""
-        return any(self._signature(h).wants_context for h in self.handlers_for(message))
+        route = self.route(message)
+        return route is not None and route.wants_context
 
     def _signature(self, handler: Handler) -> _Signature:
         signature = self._signatures.get(id(handler))

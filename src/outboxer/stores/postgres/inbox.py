@@ -13,7 +13,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from outboxer.message import Message, encode_headers
-from outboxer.ports import ConsumeFailure, InboxReceipt, PendingFailure, failure_reason
+from outboxer.ports import (
+    BLOCKED_RECEIPT,
+    DUPLICATE_RECEIPT,
+    FRESH_RECEIPT,
+    ConsumeFailure,
+    InboxReceipt,
+    PendingFailure,
+    failure_reason,
+)
 from outboxer.stores._common import Row, SqlInbox, SqlInboxSession, pending_failure_from_row
 from outboxer.stores.postgres.connection import PostgresPart, skip_reset, statements_run
 
@@ -52,10 +60,19 @@ class _Session(SqlInboxSession):
     ) -> list[InboxReceipt]:
         ids = [m.id for m in messages]
         keys = [m.key for m in messages]
-        rows = await self.fetch(self.q["inbox_receive"], (consumer, ids, keys, retention))
-        inserted = {r["message_id"]: r["blocked"] for r in rows}
+        [row] = await self.fetch(self.q["inbox_receive"], (consumer, ids, keys, retention))
+        fresh, blocked = row["fresh"], row["blocked"]
+        if fresh == len(ids) and not blocked:
+            return [FRESH_RECEIPT] * fresh  # the common case: all new, none behind a failing key
+        inserted = set(ids) if fresh == len(ids) else set(row["inserted"] or ())
+        held = set(blocked or ())
         return [
-            InboxReceipt(fresh=i in inserted, blocked=bool(inserted.get(i, False))) for i in ids
+            DUPLICATE_RECEIPT
+            if i not in inserted
+            else BLOCKED_RECEIPT
+            if i in held
+            else FRESH_RECEIPT
+            for i in ids
         ]
 
     async def record_failure(
