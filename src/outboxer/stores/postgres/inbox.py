@@ -2,15 +2,21 @@
 
 Handlers get the asyncpg connection of the inbox transaction, so their writes commit with the
 inbox row. The transaction and the handler savepoints are ``stores._common.SqlInboxSession``'s;
-a batch of deliveries is recorded by one ``INSERT … SELECT FROM unnest(…) ON CONFLICT DO
-NOTHING RETURNING`` (``inbox_receive``).
+a batch of deliveries is recorded by one ``INSERT … SELECT FROM unnest(…)`` that answers in
+one row: a plain ``INSERT`` first (``inbox_receive_fresh``), since a batch is new but for rare
+redeliveries, and ``ON CONFLICT DO NOTHING`` (``inbox_receive``) when that finds one of the
+messages there already. The speculative insertion of ``ON CONFLICT`` (a pre-check of the index,
+a speculative lock and a confirmation record in the WAL per row) cost ≈ 30 % of the server's
+CPU for a row (≈ 4.5 of 15.5 µs on the development VM, batches of 100).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
+
+import asyncpg
 
 from outboxer.message import Message, encode_headers
 from outboxer.ports import (
@@ -31,8 +37,14 @@ __all__ = ["PostgresInbox"]
 class _Session(SqlInboxSession):
     """A pooled asyncpg connection, held for a chunk of deliveries or a round of re-drives."""
 
-    def _begin(self) -> contextlib.AbstractAsyncContextManager[object]:
-        return self.connection.transaction()  # type: ignore[no-any-return]
+    #: The connection's statement count when the open transaction began (``None``: unknown).
+    _began_at: int | None = None
+
+    @contextlib.asynccontextmanager
+    async def _begin(self) -> AsyncIterator[object]:
+        async with self.connection.transaction() as transaction:
+            self._began_at = statements_run(self.connection)
+            yield transaction
 
     async def _run(self, sql: str, args: Any) -> None:
         # Without arguments asyncpg sends the simple protocol: several statements, one trip.
@@ -60,7 +72,21 @@ class _Session(SqlInboxSession):
     ) -> list[InboxReceipt]:
         ids = [m.id for m in messages]
         keys = [m.key for m in messages]
-        [row] = await self.fetch(self.q["inbox_receive"], (consumer, ids, keys, retention))
+        args = (consumer, ids, keys, retention)
+        began_at = self._began_at
+        if began_at is not None and statements_run(self.connection) == began_at:
+            # The transaction's first statement: if one of the messages is there already, the
+            # plain INSERT fails, and rolling back loses nothing but its own work. A new
+            # transaction in the same round trip (asyncpg's transaction object commits or rolls
+            # back whichever is open when the block ends), then the statement that takes
+            # duplicates in its stride.
+            try:
+                [row] = await self.fetch(self.q["inbox_receive_fresh"], args)
+            except asyncpg.UniqueViolationError:
+                await self.execute("ROLLBACK; BEGIN", None)
+                [row] = await self.fetch(self.q["inbox_receive"], args)
+        else:
+            [row] = await self.fetch(self.q["inbox_receive"], args)
         fresh, blocked = row["fresh"], row["blocked"]
         if fresh == len(ids) and not blocked:
             return [FRESH_RECEIPT] * fresh  # the common case: all new, none behind a failing key
