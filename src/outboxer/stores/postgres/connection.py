@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, TypeAlias
 from urllib.parse import quote, urlencode
 
@@ -41,6 +41,7 @@ __all__ = [
     "PostgresPart",
     "normalize_url",
     "skip_reset",
+    "statement_counter",
     "statements_run",
 ]
 
@@ -130,6 +131,24 @@ def statements_run(connection: object) -> int | None:
     protocol = getattr(con, "_protocol", None)
     count = getattr(protocol, "queries_count", None)
     return None if count is None else count + con.copies_in
+
+
+def statement_counter(connection: object) -> Callable[[], int] | None:
+    """:func:`statements_run` for a connection held a while, resolved once: a function that
+    counts, or ``None`` where :func:`statements_run` would say ``None`` (an inbox session asks
+    twice per handler; resolving the proxy and the class each time cost ≈ 1.5 µs)."""
+    con = getattr(connection, "_con", connection)
+    if not isinstance(con, CountingConnection):
+        return None
+    protocol: Any = getattr(con, "_protocol", None)
+    if getattr(protocol, "queries_count", None) is None:
+        return None
+    counting = con
+
+    def count() -> int:
+        return int(protocol.queries_count) + counting.copies_in
+
+    return count
 
 
 def skip_reset(connection: object) -> None:

@@ -13,7 +13,7 @@ CPU for a row (≈ 4.5 of 15.5 µs on the development VM, batches of 100).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -29,7 +29,7 @@ from outboxer.ports import (
     failure_reason,
 )
 from outboxer.stores._common import Row, SqlInbox, SqlInboxSession, pending_failure_from_row
-from outboxer.stores.postgres.connection import PostgresPart, skip_reset, statements_run
+from outboxer.stores.postgres.connection import PostgresPart, skip_reset, statement_counter
 
 __all__ = ["PostgresInbox"]
 
@@ -40,10 +40,14 @@ class _Session(SqlInboxSession):
     #: The connection's statement count when the open transaction began (``None``: unknown).
     _began_at: int | None = None
 
+    def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:
+        super().__init__(connection, queries)
+        self._count = statement_counter(connection)
+
     @contextlib.asynccontextmanager
     async def _begin(self) -> AsyncIterator[object]:
         async with self.connection.transaction() as transaction:
-            self._began_at = statements_run(self.connection)
+            self._began_at = self._statements()
             yield transaction
 
     async def _run(self, sql: str, args: Any) -> None:
@@ -54,7 +58,7 @@ class _Session(SqlInboxSession):
         return await self.connection.fetch(sql, *args)  # type: ignore[no-any-return]
 
     def _statements(self) -> int | None:
-        return statements_run(self.connection)
+        return None if self._count is None else self._count()
 
     def _returning(self, *, untouched: bool) -> None:
         if untouched:
@@ -74,7 +78,7 @@ class _Session(SqlInboxSession):
         keys = [m.key for m in messages]
         args = (consumer, ids, keys, retention)
         began_at = self._began_at
-        if began_at is not None and statements_run(self.connection) == began_at:
+        if began_at is not None and self._statements() == began_at:
             # The transaction's first statement: if one of the messages is there already, the
             # plain INSERT fails, and rolling back loses nothing but its own work. A new
             # transaction in the same round trip (asyncpg's transaction object commits or rolls
