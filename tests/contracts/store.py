@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -140,10 +141,17 @@ class StoreContract:
         assert [m.attempts for m in again.messages] == [0]
 
     async def test_delayed_message_waits_for_available_at(self, store: Store, add: Add) -> None:
-        later = await add("t", {"n": 1}, available_at=dt.timedelta(seconds=0.5))
+        # On PostgreSQL an add waits until its row passes the commit-order gate, which other
+        # tests' open transactions hold: the delay must outlast the adds and the first claim.
+        delay = 3.0
+        start = time.monotonic()
+        later = await add("t", {"n": 1}, available_at=dt.timedelta(seconds=delay))
         now = await add("t", {"n": 2})
-        assert [m.id for m in (await claim(store)).messages] == [now]
-        await asyncio.sleep(0.7)
+        first = await claim(store)
+        took = time.monotonic() - start
+        assert took < delay, f"adding and claiming took {took:.1f} s, past the {delay} s delay"
+        assert [m.id for m in first.messages] == [now]
+        await asyncio.sleep(start + delay + 0.2 - time.monotonic())
         assert [m.id for m in (await claim(store)).messages] == [later]
 
     async def test_ordered_claim_takes_a_key_only_behind_its_predecessor(
