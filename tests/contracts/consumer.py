@@ -133,9 +133,11 @@ class ConsumerContract:
         prepare: Prepare,
         publish: Publish,
         publish_again: Publish,
+        caplog: pytest.LogCaptureFixture,
     ) -> None:
         """A message delivered twice takes effect once; a handler that fails once is retried
-        and succeeds; one that always fails ends as a consume dead letter that is replayable."""
+        and succeeds; one that always fails ends as a consume dead letter that is replayable.
+        Stopping the consumer says nothing of a lost connection."""
         name = unique_name("c")
         await prepare(topic, name)
         settings = InboxSettings(
@@ -202,6 +204,8 @@ class ConsumerContract:
         finally:
             inbox.stop()
             await asyncio.wait_for(running, 15)
+        lost = [r.getMessage() for r in caplog.records if "disconnect" in r.getMessage().lower()]
+        assert lost == []
 
     async def test_kill_9_of_a_consumer_mid_batch_loses_nothing(
         self,

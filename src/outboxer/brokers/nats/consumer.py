@@ -91,6 +91,8 @@ class NatsConsumer:
             log.debug("NATS client error at %s: %r", settings.describe(), exc)
 
         async def on_disconnect() -> None:
+            if client.is_closed:  # our own close (nats-py calls this then too): not a loss
+                return
             log.warning("NATS consumer disconnected from %s; reconnecting", settings.describe())
 
         async def on_reconnect() -> None:
