@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from outboxer.message import Message
 from outboxer.ports import ConsumeFailure, DeadLetterFilter, InboxStore
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
+from outboxer.stores.postgres import inbox as postgres_inbox
 from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore
 
@@ -480,6 +482,32 @@ class TestPostgresInbox(InboxStoreContract):
             return [f"{r[0]}:{r[1]}" for r in rows]
 
         return Effects(record, read)
+
+    @pytest.fixture(autouse=True)
+    def plain_inserts(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Each test starts recording batches with a plain INSERT: a redelivery in an earlier
+        test of this process would have switched to ``ON CONFLICT`` for a minute."""
+        monkeypatch.setattr(postgres_inbox._Session, "plain_insert_from", 0.0)
+
+    async def test_after_a_redelivered_batch_batches_go_with_on_conflict_for_a_while(
+        self, store: Mode, effects: Effects
+    ) -> None:
+        """A redelivered batch fails the plain INSERT (two round trips and an error line in the
+        server's log); redeliveries come in runs, so for the next minute batches are recorded
+        with ON CONFLICT instead, and still judged the same."""
+        handler = effects.handler()
+        options: dict[str, Any] = {"on_failure": retry_after(60), "retention_seconds": 60}
+        first = await store.consume("c", [message(1), message(2)], handler, **options)
+        assert first == ["handled", "handled"]
+        assert postgres_inbox._Session.plain_insert_from == 0.0  # no conflict met yet
+        before = time.monotonic()
+        again = await store.consume("c", [message(2), message(3)], handler, **options)
+        assert again == ["duplicate", "handled"]
+        window = postgres_inbox._Session.plain_insert_from - before
+        assert postgres_inbox.REDELIVERY_WINDOW <= window < postgres_inbox.REDELIVERY_WINDOW + 5
+        more = await store.consume("c", [message(3), message(4)], handler, **options)
+        assert more == ["duplicate", "handled"]
+        assert await effects.read() == ["c:m-1", "c:m-2", "c:m-3", "c:m-4"]
 
     async def test_a_handler_that_swallows_a_database_error_fails_instead_of_vanishing(
         self, store: PostgresStore, effects: Effects

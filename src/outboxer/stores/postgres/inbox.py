@@ -5,16 +5,18 @@ inbox row. The transaction and the handler savepoints are ``stores._common.SqlIn
 a batch of deliveries is recorded by one ``INSERT … SELECT FROM unnest(…)`` that answers in
 one row: a plain ``INSERT`` first (``inbox_receive_fresh``), since a batch is new but for rare
 redeliveries, and ``ON CONFLICT DO NOTHING`` (``inbox_receive``) when that finds one of the
-messages there already. The speculative insertion of ``ON CONFLICT`` (a pre-check of the index,
-a speculative lock and a confirmation record in the WAL per row) cost ≈ 30 % of the server's
-CPU for a row (≈ 4.5 of 15.5 µs on the development VM, batches of 100).
+messages there already, and for a minute after (:data:`REDELIVERY_WINDOW`). The speculative
+insertion of ``ON CONFLICT`` (a pre-check of the index, a speculative lock and a confirmation
+record in the WAL per row) cost ≈ 30 % of the server's CPU for a row (≈ 4.5 of 15.5 µs on the
+development VM, batches of 100).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import asyncpg
 
@@ -34,11 +36,19 @@ from outboxer.stores.postgres.connection import PostgresPart, skip_reset, statem
 __all__ = ["PostgresInbox"]
 
 
+#: After a batch met a message recorded already, batches are recorded with ``ON CONFLICT`` for
+#: this long: redeliveries come in runs (a consumer's restart, a rebalance), and each plain
+#: INSERT that fails costs two round trips and an error line in the server's log.
+REDELIVERY_WINDOW = 60.0
+
+
 class _Session(SqlInboxSession):
     """A pooled asyncpg connection, held for a chunk of deliveries or a round of re-drives."""
 
     #: The connection's statement count when the open transaction began (``None``: unknown).
     _began_at: int | None = None
+    #: Until when (``time.monotonic()``) this process records batches with ``ON CONFLICT``.
+    plain_insert_from: ClassVar[float] = 0.0
 
     def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:
         super().__init__(connection, queries)
@@ -78,7 +88,11 @@ class _Session(SqlInboxSession):
         keys = [m.key for m in messages]
         args = (consumer, ids, keys, retention)
         began_at = self._began_at
-        if began_at is not None and self._statements() == began_at:
+        if (
+            began_at is not None
+            and self._statements() == began_at
+            and time.monotonic() >= _Session.plain_insert_from
+        ):
             # The transaction's first statement: if one of the messages is there already, the
             # plain INSERT fails, and rolling back loses nothing but its own work. A new
             # transaction in the same round trip (asyncpg's transaction object commits or rolls
@@ -87,6 +101,7 @@ class _Session(SqlInboxSession):
             try:
                 [row] = await self.fetch(self.q["inbox_receive_fresh"], args)
             except asyncpg.UniqueViolationError:
+                _Session.plain_insert_from = time.monotonic() + REDELIVERY_WINDOW
                 await self.execute("ROLLBACK; BEGIN", None)
                 [row] = await self.fetch(self.q["inbox_receive"], args)
         else:
