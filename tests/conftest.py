@@ -16,6 +16,7 @@ from typing import Any
 import asyncmy
 import asyncpg
 import pytest
+import redis.asyncio as aioredis
 
 from outboxer.config import TableNames
 from outboxer.outbox import Outbox
@@ -104,6 +105,22 @@ async def wait_past_commit_gate(store: PostgresStore, timeout: float = 60.0) -> 
         if time.monotonic() > deadline:
             raise AssertionError("outbox rows stayed behind the commit-order gate")
         await asyncio.sleep(0.005)
+
+
+async def redis_stream_entries(stream: str, page: int = 2000) -> list[tuple[bytes, Any]]:
+    """Every entry of a Redis stream, oldest first, read in pages: one XRANGE of tens of
+    thousands of entries outlasts redis-py's default 5 s socket timeout (redis-py 8) on a slow
+    machine, its RESP3 parser being pure Python."""
+    client = aioredis.Redis()
+    entries: list[tuple[bytes, Any]] = []
+    start = "-"
+    try:
+        while chunk := await client.xrange(stream, min=start, count=page):
+            entries += chunk
+            start = "(" + chunk[-1][0].decode()
+    finally:
+        await client.aclose()
+    return entries
 
 
 @pytest.fixture

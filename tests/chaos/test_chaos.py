@@ -28,7 +28,7 @@ import outboxer
 from outboxer.config import TableNames
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
-from tests.conftest import Server, require_service
+from tests.conftest import Server, redis_stream_entries, require_service
 from tests.services import START
 from tests.tcp_proxy import TcpProxy
 
@@ -116,11 +116,7 @@ async def redis_stream() -> AsyncIterator[str]:
 
 async def first_delivery_orders(stream: str) -> tuple[dict[str, list[int]], int, int]:
     """Per key, the ``n`` of each message in order of its first appearance in the stream."""
-    client = aioredis.Redis()
-    try:
-        entries = await client.xrange(stream)
-    finally:
-        await client.aclose()
+    entries = await redis_stream_entries(stream)
     seen: set[str] = set()
     orders: dict[str, list[int]] = defaultdict(list)
     for _, fields in entries:

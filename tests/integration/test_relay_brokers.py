@@ -32,7 +32,7 @@ import outboxer
 from outboxer.config import TableNames
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
-from tests.conftest import mysql_connect, require_service, unique_name
+from tests.conftest import mysql_connect, redis_stream_entries, require_service, unique_name
 from tests.http_receiver import HttpReceiver
 from tests.tansu import TansuBroker, create_topic, free_port
 from tests.tcp_proxy import TcpProxy
@@ -69,11 +69,7 @@ class RedisBroker:
         return f"redis://127.0.0.1:{port}/0"
 
     async def delivered_ids(self, topic: str, expected: int) -> list[str]:
-        client = aioredis.Redis()
-        try:
-            return [f[b"id"].decode() for _, f in await client.xrange(topic)]
-        finally:
-            await client.aclose()
+        return [f[b"id"].decode() for _, f in await redis_stream_entries(topic)]
 
     async def cleanup(self) -> None:
         client = aioredis.Redis()
