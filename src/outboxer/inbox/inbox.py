@@ -52,7 +52,6 @@ from outboxer.config import (
 from outboxer.errors import ConfigurationError, OutboxerError, PermanentPublishError, StoreError
 from outboxer.inbox.consume import consume, redrive_consume_failures
 from outboxer.inbox.registry import (
-    Handler,
     HandlerContext,
     HandlerRegistry,
     PermanentHandlerError,
@@ -465,29 +464,14 @@ class Inbox:
         route = self.registry.route(message)
         if route is None:  # not routed when the chunk was split: nothing to run
             return
-        # The context is made only for a handler that takes it (most do not).
-        context = None
         started = time.perf_counter()
         try:
-            for handler, signature in route.calls:
-                if signature.wants_context and context is None:
-                    context = HandlerContext(message, connection, self.consumer, attempt)
-                if not signature.is_async:
-                    # A plain handler (an SMTP call, an HTTP request) must not block the loop.
-                    await asyncio.to_thread(self._call_plain, handler, message, context)
-                elif signature.wants_context:
-                    await handler(signature.decode(message), context)
-                else:
-                    await handler(signature.decode(message))
+            await route.run(
+                message, lambda: HandlerContext(message, connection, self.consumer, attempt)
+            )
         finally:
             self._handler_time += time.perf_counter() - started
             self._handler_runs += 1
-
-    def _call_plain(
-        self, handler: Handler, message: Message, context: HandlerContext | None
-    ) -> None:
-        """A plain handler, in a worker thread: the payload is decoded there too."""
-        self.registry.call(handler, message, context or HandlerContext(message))
 
     def _judge(self, message: Message, attempts: int, error: Exception) -> ConsumeFailure:
         reason = f"consumer {self.consumer!r}: {type(error).__name__}: {error}"

@@ -32,6 +32,7 @@ instance of a class with ``__call__`` can be registered directly (with its setti
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib
 import inspect
@@ -88,6 +89,13 @@ class _Signature:
     wants_context: bool
     is_async: bool
 
+    def call(self, handler: Handler, message: Message, context: HandlerContext | None) -> Any:
+        """Call ``handler`` with the decoded payload, then the context if it takes one."""
+        payload = self.decode(message)
+        if self.wants_context:
+            return handler(payload, context)
+        return handler(payload)
+
 
 @dataclass(frozen=True, slots=True)
 class Route:
@@ -101,6 +109,23 @@ class Route:
 
     calls: tuple[tuple[Handler, _Signature], ...]
     wants_context: bool
+
+    async def run(self, message: Message, context: Callable[[], HandlerContext]) -> None:
+        """Run the handlers one after the other, a plain one in a worker thread (it must not
+        block the loop: an SMTP call, an HTTP request). ``context`` makes the context, called
+        only when a handler takes it (most do not).
+
+        Raises:
+            Exception: the first handler's error; the handlers after it do not run.
+        """
+        made: HandlerContext | None = None
+        for handler, signature in self.calls:
+            if signature.wants_context and made is None:
+                made = context()
+            if signature.is_async:
+                await signature.call(handler, message, made)
+            else:
+                await asyncio.to_thread(signature.call, handler, message, made)
 
 
 def _decoder_for(annotation: Any, handler: Handler) -> tuple[Callable[[Message], Any], str | None]:
@@ -334,11 +359,7 @@ class HandlerRegistry:
         Raises:
             UndecodablePayload: the payload does not fit the annotated type.
         """
-        signature = self._signature(handler)
-        payload = signature.decode(message)
-        if signature.wants_context:
-            return handler(payload, context)
-        return handler(payload)
+        return self._signature(handler).call(handler, message, context)
 
     def wants_context(self, message: Message) -> bool:
         """Whether a handler of ``message`` takes the context, and so may write through

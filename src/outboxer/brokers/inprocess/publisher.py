@@ -77,7 +77,7 @@ class InProcessPublisher:
                     f"no handler for type {message.type!r} or topic {message.topic!r}"
                 )
             elif any(self.registry.is_async(h) for h in handlers):
-                looped.append(self._run_async(results, index, message, handlers))
+                looped.append(self._run_async(results, index, message))
             else:
                 threaded.append((index, handlers))
         if threaded:
@@ -107,15 +107,11 @@ class InProcessPublisher:
         results: list[PublishError | None],
         index: int,
         message: Message,
-        handlers: list[Handler],
     ) -> None:
-        context = _context(message)
+        route = self.registry.route(message)
         try:
-            for handler in handlers:
-                if self.registry.is_async(handler):
-                    await self.registry.call(handler, message, context)
-                else:
-                    await asyncio.to_thread(self.registry.call, handler, message, context)
+            if route is not None:
+                await route.run(message, lambda: _context(message))
         except Exception as exc:  # noqa: BLE001 - a handler's failure is the message's
             results[index] = _as_publish_error(exc)
 
