@@ -317,3 +317,56 @@ def test_a_payload_cannot_pass_for_a_returned_column() -> None:
 class Line:
     order: object
     qty: int
+
+
+def test_sqlalchemy_elsewhere_than_postgresql_is_refused_before_anything_is_sent(
+    tmp_path: Any,
+) -> None:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'shop.db'}")
+    orders = sa.Table(
+        "orders",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("c", sa.Text),
+    )
+    orders.create(engine)
+    statement = with_message(
+        sa.insert(orders).values(c="c-1").returning(orders.c.id), "t", {"id": Returned("id")}
+    )
+    with engine.begin() as conn, pytest.raises(ConfigurationError, match="on PostgreSQL"):
+        conn.execute(statement)
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(orders)).scalar_one() == 0
+        # without the message the same statement runs, and the listener leaves it alone
+        assert conn.execute(sa.insert(orders).values(c="c-2").returning(orders.c.id)).all()
+    engine.dispose()
+
+
+async def test_sqlalchemy_several_parameter_sets_are_refused(
+    pg_url: str, pg_schema: str, pg_store: PostgresStore
+) -> None:
+    shop = Shop(pg_url, pg_schema, pg_store, sqlalchemy_session)
+    orders = shop.orders()
+    engine = sa.create_engine(pg_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.begin() as conn:
+            orders.create(conn)
+        statement = with_message(
+            sa.insert(orders).returning(orders.c.id), "t", {}, outbox=shop.outbox
+        )
+        with engine.begin() as conn, pytest.raises(ConfigurationError, match="one set"):
+            conn.execute(statement, [{"customer": "a"}, {"customer": "b"}])
+        with engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(orders)).scalar_one() == 0
+    finally:
+        engine.dispose()
+
+
+def test_sqlalchemy_marks_a_copy_and_compiles_the_callers_statement() -> None:
+    orders = sa.table("orders", sa.column("id"), sa.column("customer"))
+    statement = sa.insert(orders).values(customer="c").returning(orders.c.id)
+    marked = with_message(statement, "t", {"id": Returned("id")})
+    assert "outboxer_message" not in statement.get_execution_options()
+    assert str(marked.compile(dialect=postgresql.dialect())) == str(
+        statement.compile(dialect=postgresql.dialect())
+    )

@@ -1,63 +1,63 @@
 """The one-statement write with SQLAlchemy Core, on PostgreSQL.
 
-:func:`with_message` turns the caller's ``insert(...).returning(...)`` (or ``update``/``delete``)
-into one statement that also writes a message, the SQL of :mod:`outboxer.writers.cte`::
+:func:`with_message` marks the caller's ``insert(...).returning(...)`` (or ``update``/``delete``)
+with the message it announces; when SQLAlchemy sends the statement, the SQL it compiled becomes
+the business part of the SQL of :mod:`outboxer.writers.cte`::
 
     WITH outboxer_business AS (INSERT INTO orders ... RETURNING orders.id),
          outboxer_message AS (INSERT INTO outbox (...) SELECT ... FROM outboxer_business AS b)
-    SELECT outboxer_business.id FROM outboxer_business
+    SELECT * FROM outboxer_business
 
 Execute it as any statement (``session.execute``, ``await conn.execute``): it returns the rows
 the caller's statement returns, and writes one message per row. The values are checked and
 encoded by the write core as ``enqueue`` does, before any SQL; a :class:`~outboxer.Returned`
 column must be one the statement returns (checked too).
 
-The outbox INSERT is a ``text()`` construct, built once per outbox and shape (which columns are
-returned ones) and given the values as bound parameters of declared types: composing it from
-SQLAlchemy expressions cost ≈ 25× the time of the caller's ``insert(...)`` on every call, and the
-statement compiles to the same SQL (SQLAlchemy's compiled cache keys on it).
+The message travels as an execution option of the statement (not part of SQLAlchemy's cache
+key), and a ``before_cursor_execute`` listener on every :class:`~sqlalchemy.engine.Engine`,
+registered when this module is imported, wraps the compiled SQL and adds outboxer's parameters
+in the dialect's style (psycopg and psycopg2 ``%(name)s``, pg8000 ``%s``, asyncpg ``$n``). So
+SQLAlchemy compiles, caches and reads the results of the caller's own statement, as without a
+message: composing the CTE from SQLAlchemy constructs instead (a ``Select`` over the business
+statement's CTE and a ``text()`` with bound values) cost more client CPU than a second statement,
+since every call built a new tree, its cache key and its result columns (docs/benchmarks.md,
+*Write overhead*). A statement without the option costs the listener one dictionary lookup.
 """
 
 from __future__ import annotations
 
-from functools import cache
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
-from sqlalchemy.sql.dml import DMLWhereBase, Insert
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 from outboxer.errors import ConfigurationError
 from outboxer.outbox import Outbox
-from outboxer.writers.cte import BUSINESS, MESSAGE, outbox_insert
+from outboxer.writers import cte
 
 __all__ = ["with_message"]
 
 _default = Outbox()
-_TYPES: dict[str, sa.types.TypeEngine[Any]] = {
-    "text": sa.Text(),
-    "bytea": sa.LargeBinary(),
-    "timestamptz": sa.DateTime(timezone=True),
-}
+_OPTION = "outboxer_message"
+"""The execution option that holds a statement's message: ``(TableNames, RowTemplate)``."""
 
+#: How outboxer's parameters are written for a dialect's parameter style (``"format"``, ``%s``,
+#: is psycopg's positional style as well).
+_DRIVERS = {"pyformat": "psycopg", "format": "psycopg", "numeric_dollar": "asyncpg"}
 
-@cache
-def _insert(sql: str, types: tuple[str, ...]) -> sa.TextClause:
-    # Parsing a text() for its bind parameters: once per SQL text. The declared types keep a
-    # datetime from being sent as a timestamp without time zone.
-    return sa.text(sql).bindparams(
-        *(sa.bindparam(f"outboxer_{n}", type_=_TYPES[t]) for n, t in enumerate(types, 1))
-    )
+Statement = TypeVar("Statement", bound=sa.Insert | sa.Update | sa.Delete)
 
 
 def with_message(
-    statement: Insert | DMLWhereBase,
+    statement: Statement,
     topic: str,
     payload: object,
     *,
     outbox: Outbox | None = None,
     **options: Any,
-) -> sa.Select[Any]:
-    """``statement`` and the INSERT of a message as one statement (see the module docstring).
+) -> Statement:
+    """``statement`` writing a message in the same SQL statement (see the module docstring).
 
     Args:
         statement: An ``insert``/``update``/``delete`` with ``.returning(...)``.
@@ -67,9 +67,15 @@ def with_message(
         outbox: The outbox to write to (default: the default ``outbox`` table).
         **options: As :func:`outboxer.enqueue`; ``key`` may be a :class:`~outboxer.Returned`.
 
+    Returns:
+        A copy of ``statement`` that carries the message: execute it once (a second execution
+        would write the same message id again, which the outbox's primary key refuses).
+
     Raises:
         ConfigurationError: a refused value, a statement without ``RETURNING`` or a
-            :class:`~outboxer.Returned` column it does not return.
+            :class:`~outboxer.Returned` column it does not return. Executed on a database
+            other than PostgreSQL, or with several parameter sets (``executemany``), the
+            statement raises it too, before anything is sent.
     """
     outbox = outbox or _default
     template = outbox.template(topic, payload, **options)
@@ -80,20 +86,40 @@ def with_message(
             "with_message() takes an insert/update/delete with .returning(...): "
             "one message is written per returned row"
         )
+    marked = cast(Statement, statement.execution_options(**{_OPTION: (outbox.names, template)}))
     if template.key or template.payload_columns:
-        returned = statement.exported_columns.keys()
+        returned = marked.exported_columns.keys()  # (memoized: the execution reads it too)
         for ref in (template.key, *template.payload_columns):
             if ref is not None and ref.column not in returned:
                 raise ConfigurationError(
                     f"Returned({ref.column!r}): the statement returns {returned}"
                 )
-    sql, values, types = outbox_insert(outbox.names, template, ":name")
-    message = (
-        _insert(sql, types)
-        .bindparams(**{f"outboxer_{n}": value for n, value in enumerate(values, 1)})
-        .columns()
-        .cte(MESSAGE)
-    )
-    business = statement.cte(BUSINESS)
-    # (in this order: a CTE can only refer to the ones before it)
-    return sa.select(business).add_cte(business, message)
+    return marked
+
+
+@event.listens_for(Engine, "before_cursor_execute", retval=True)
+def _with_message(
+    conn: sa.Connection,
+    cursor: Any,
+    statement: str,
+    parameters: Any,
+    context: Any,
+    executemany: bool,
+) -> tuple[str, Any]:
+    message = context.execution_options.get(_OPTION) if context is not None else None
+    if message is None:
+        return statement, parameters
+    dialect = conn.dialect
+    driver = _DRIVERS.get(dialect.paramstyle)
+    if dialect.name != "postgresql" or driver is None:
+        raise ConfigurationError(
+            "with_message() writes in one statement on PostgreSQL (psycopg, psycopg2, pg8000 "
+            f"or asyncpg), not with {dialect.name}+{dialect.driver}: use outboxer.enqueue"
+        )
+    if executemany:
+        raise ConfigurationError(
+            "with_message(): one statement writes one message id: execute it with one set "
+            "of parameters (outboxer.enqueue_many writes batches)"
+        )
+    names, template = message
+    return cte.with_message(names, statement, parameters, template, driver)

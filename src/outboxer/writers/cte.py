@@ -23,11 +23,13 @@ would write, but for the column's value as PostgreSQL writes it in JSON (numbers
 text and times as strings). The SQL text depends only on which columns are used, so it is built
 once per shape and the drivers' prepared-statement caches keep it. MariaDB and MySQL have no
 data-modifying CTE (and SQLite's INSERT cannot be one): there, ``enqueue`` in the same
-transaction is the way.
+transaction is the way. Through SQLAlchemy (:mod:`outboxer.integrations.sqlalchemy`), the SQL
+SQLAlchemy compiled for the caller's statement takes its place here.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -39,7 +41,7 @@ from outboxer.writers import columns
 if TYPE_CHECKING:
     from outboxer.config import TableNames
 
-__all__ = ["BUSINESS", "MESSAGE", "outbox_insert", "with_message"]
+__all__ = ["BUSINESS", "MESSAGE", "with_message"]
 
 BUSINESS = "outboxer_business"
 """The CTE holding the caller's statement."""
@@ -52,7 +54,6 @@ _PLACEHOLDERS: dict[str, Callable[[int, str], str]] = {
     "$n": lambda n, type_: f"${n}::{type_}",
     "%s": lambda n, type_: f"%s::{type_}",
     "%(name)s": lambda n, type_: f"%(outboxer_{n})s::{type_}",
-    ":name": lambda n, type_: f"CAST(:outboxer_{n} AS {type_})",  # (SQLAlchemy's text())
 }
 
 
@@ -64,15 +65,14 @@ def _column(column: str) -> str:
 @cache
 def _insert(
     names: TableNames, key: str | None, payload: tuple[str, ...], style: str, first: int
-) -> tuple[str, tuple[str, ...]]:
-    """The SQL and the parameters' types, once per outbox, returned columns (the key's, the
-    payload's), parameter style and first number: the SQL depends on nothing else. The
-    parameters are those of :func:`_values`, in the same order."""
-    types: list[str] = []
+) -> str:
+    """The SQL, once per outbox, returned columns (the key's, the payload's), parameter style
+    and first number: it depends on nothing else. The parameters are those of :func:`_values`,
+    in the same order."""
+    count = itertools.count(first)
 
     def param(type_: str) -> str:
-        types.append(type_)
-        return _PLACEHOLDERS[style](first + len(types) - 1, type_)
+        return _PLACEHOLDERS[style](next(count), type_)
 
     items = [param("text"), param("text")]  # id, topic
     items.append(f"{_column(key)}::text" if key else param("text"))
@@ -85,11 +85,10 @@ def _insert(
     items.append(param("text"))  # content type
     items.append(f"{param('text')}::jsonb")  # headers, as text: see the module docstring
     items.append(f"COALESCE({param('timestamptz')}, now())")
-    sql = (
+    return (
         f"INSERT INTO {names.qualified()} ({columns()}) SELECT {', '.join(items)} "
         f"FROM {BUSINESS} AS b"
     )
-    return sql, tuple(types)
 
 
 def _values(template: RowTemplate) -> list[Any]:
@@ -107,19 +106,6 @@ def _values(template: RowTemplate) -> list[Any]:
     return values
 
 
-def outbox_insert(
-    names: TableNames, template: RowTemplate, style: str, first: int = 1
-) -> tuple[str, list[Any], tuple[str, ...]]:
-    """The INSERT of the outbox row, selecting from the business statement's CTE (``b``), its
-    parameters' values and their PostgreSQL types, in order; the parameters are numbered from
-    ``first`` in ``style``: ``"$n"`` (asyncpg), ``"%s"``, ``"%(name)s"`` (psycopg; named
-    ``outboxer_<n>``) or ``":name"`` (SQLAlchemy's ``text()``)."""
-    key = template.key.column if template.key else None
-    payload = tuple(column.column for column in template.payload_columns)
-    sql, types = _insert(names, key, payload, style, first)
-    return sql, _values(template), types
-
-
 def with_message(
     names: TableNames,
     statement: str,
@@ -130,20 +116,21 @@ def with_message(
     """The SQL of the module docstring and its parameters, ``args`` first."""
     if driver not in ("asyncpg", "psycopg"):
         raise ConfigurationError(f"driver must be 'asyncpg' or 'psycopg', not {driver!r}")
+    key = template.key.column if template.key else None
+    payload = tuple(column.column for column in template.payload_columns)
+    values = _values(template)
     if isinstance(args, Mapping):
         if driver == "asyncpg":
             raise ConfigurationError("asyncpg takes positional parameters ($1): pass a sequence")
         named = dict(args)
         if any(name.startswith("outboxer_") for name in named):
             raise ConfigurationError("parameter names starting with 'outboxer_' are outboxer's")
-        insert, values, _ = outbox_insert(names, template, "%(name)s")
         named.update((f"outboxer_{n}", value) for n, value in enumerate(values, 1))
-        return _statement(statement, insert), named
+        return _statement(statement, _insert(names, key, payload, "%(name)s", 1)), named
     positional = list(args)
     style = "$n" if driver == "asyncpg" else "%s"
-    insert, values, _ = outbox_insert(names, template, style, len(positional) + 1)
-    positional += values
-    return _statement(statement, insert), positional
+    insert = _insert(names, key, payload, style, len(positional) + 1)
+    return _statement(statement, insert), positional + values
 
 
 def _statement(statement: str, insert: str) -> str:
