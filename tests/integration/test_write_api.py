@@ -554,6 +554,19 @@ async def test_enqueue_many_of_thousands_keeps_their_order(database: Database) -
     assert [json.loads(r["payload"])["n"] for r in rows] == list(range(2500))
 
 
+async def test_large_payloads_are_written_whole(database: Database) -> None:
+    # MySQL: more than one chunk by bytes (about 1 MB of SQL each), and payloads over 64 kB,
+    # which go as parameters (aiomysql: hex digits), beside small ones written as literals
+    large = bytes(range(256)) * 1000 + b"%s%%'\\"
+    payloads = [large[: 300_000 + n] if n % 3 else b"%s'\x00" for n in range(10)]
+    async with database.transaction() as tx:
+        many = await tx.enqueue_many([{"topic": "t", "payload": p} for p in payloads])
+        one = await tx.enqueue("t", large)
+    rows = await database.rows()
+    assert [r["id"] for r in rows] == [*many, one]
+    assert [r["payload"] for r in rows] == [*payloads, large]
+
+
 async def test_enqueue_many_is_atomic_with_the_caller(database: Database) -> None:
     for size in (len(SPECS), 150):  # (150: SQLAlchemy's asyncpg adapter begins, then COPY)
         with contextlib.suppress(Rollback):

@@ -3,8 +3,9 @@
 
 Hypothesis draws topics, keys, types, ids, headers and payloads from all of Unicode (NUL and
 lone surrogates included), over-long strings, non-finite floats, huge ints and wrong types; each
-example runs in the open transaction of a real PostgreSQL (psycopg) or SQLite connection, and a
-refusal must leave that transaction usable: the next example writes in the same one.
+example runs in the open transaction of a real PostgreSQL (psycopg), SQLite or MariaDB (PyMySQL)
+connection, and a refusal must leave that transaction usable: the next example writes in the
+same one.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pymysql  # type: ignore[import-untyped]
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import outboxer
 from outboxer.errors import OutboxerError
 from outboxer.message import JSON, OCTET_STREAM, TEXT
+from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
 
@@ -63,10 +66,10 @@ def expected_payload(stored: bytes, content_type: str) -> Any:
 
 
 def check_round_trip(
-    outbox: outboxer.Outbox, conn: Any, select: str
+    outbox: outboxer.Outbox, conn: Any, read: Callable[[str], Any]
 ) -> Callable[[dict[str, Any]], None]:
-    """The property, on ``conn`` (psycopg or sqlite3: same ``execute``) in an open transaction;
-    ``select`` reads the row of one id."""
+    """The property, on ``conn`` in an open transaction; ``read`` returns the row of one id:
+    topic, key, type, payload, content type and headers."""
     used: set[str] = set()
 
     @settings(
@@ -84,8 +87,7 @@ def check_round_trip(
         except OutboxerError:
             return
         used.add(message_id)
-        row = conn.execute(select, (message_id,)).fetchone()
-        topic, key, type_, payload, content_type, headers = row
+        topic, key, type_, payload, content_type, headers = read(message_id)
         assert topic == message["topic"]
         given_key = message.get("key")
         assert key == (None if given_key is None else str(given_key))
@@ -106,7 +108,7 @@ async def test_enqueue_stores_exactly_what_it_accepts_on_postgres(
         f"FROM {pg_store.names.qualified()} WHERE id = %s"
     )
     with psycopg.connect(pg_url) as conn, conn.transaction():  # one transaction for all examples
-        check_round_trip(outbox, conn, select)()
+        check_round_trip(outbox, conn, lambda id_: conn.execute(select, (id_,)).fetchone())()
         assert conn.execute("SELECT 1").fetchone() == (1,)  # still usable at the end
 
 
@@ -117,6 +119,31 @@ async def test_enqueue_stores_exactly_what_it_accepts_on_sqlite(
     conn = sqlite3.connect(sqlite_path)
     try:
         with conn:
-            check_round_trip(outboxer.Outbox(), conn, select)()
+            check_round_trip(
+                outboxer.Outbox(), conn, lambda id_: conn.execute(select, (id_,)).fetchone()
+            )()
+    finally:
+        conn.close()
+
+
+async def test_enqueue_stores_exactly_what_it_accepts_on_mariadb(
+    mysql_store: MysqlStore, mysql_database: str
+) -> None:
+    # The MySQL writers send every value as a SQL literal of its bytes (outboxer.writers.mysql).
+    select = "SELECT topic, `key`, type, payload, content_type, headers FROM outbox WHERE id = %s"
+    conn = pymysql.connect(host="127.0.0.1", user="root", database=mysql_database)
+
+    def read(message_id: str) -> tuple[Any, ...]:
+        with conn.cursor() as cursor:
+            cursor.execute(select, (message_id,))
+            topic, key, type_, payload, content_type, headers = cursor.fetchone()
+        # VARBINARY columns read back as bytes: their text is UTF-8
+        text = [None if v is None else v.decode() for v in (topic, key, type_, content_type)]
+        return text[0], text[1], text[2], payload, text[3], headers
+
+    try:
+        conn.begin()
+        check_round_trip(outboxer.Outbox(schema=mysql_database), conn, read)()
+        conn.commit()
     finally:
         conn.close()

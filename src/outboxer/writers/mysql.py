@@ -1,16 +1,39 @@
 """The MySQL/MariaDB writers: PyMySQL and mysqlclient (sync), asyncmy and aiomysql (async).
 
 The four drivers speak the same DB-API dialect (``%s`` parameters interpolated by the client),
-so one INSERT serves them all; this module imports none of them. ``insert_many`` sends one
-multi-row ``INSERT`` per chunk (up to 1,000 rows or about 1 MB of values): the drivers' own
-``executemany`` rewrites only an ``INSERT`` whose ``VALUES`` holds bare placeholders, and ours
-has ``COALESCE(%s, UTC_TIMESTAMP(6))`` so that a message without ``available_at`` takes the
-database's clock, as on every other database.
+and this module imports none of them. Rows are written by multi-row ``INSERT``s (one per chunk
+of up to 1,000 rows or about 1 MB of SQL) whose values are SQL literals written here rather
+than parameters for the driver to escape (``enqueue``'s one row is written the same way):
 
-Times are sent as naive UTC datetimes (the columns are ``DATETIME(6)`` in UTC, see the store's
-0001_initial.sql). aiomysql 0.3 with PyMySQL 1.2 cannot escape ``bytes`` parameters (a
-``TypeError`` inside the driver), so through aiomysql the payload travels as hex and ``UNHEX``
-restores it.
+==================================  ===========================================================
+column                              literal
+==================================  ===========================================================
+id, topic, key, type, content_type  ``X'…'``: the hexadecimal digits of the UTF-8 bytes
+payload, headers                    ``X'…'`` of the bytes (the headers' JSON as UTF-8)
+key, type when ``None``             ``NULL``
+available_at                        ``'YYYY-MM-DD HH:MM:SS.ffffff'`` in UTC (naive), or
+                                    ``DEFAULT``: the column's ``UTC_TIMESTAMP(6)``
+                                    (0001_initial.sql), the database's clock as on
+                                    every other database
+==================================  ===========================================================
+
+Why literals (10,000 messages of docs/benchmarks.md's "Bulk writes", CPU per row): the drivers'
+escaping of eight parameters cost the client 3.7 µs in PyMySQL (pure Python), where
+``bytes.hex()`` and f-strings take 1.1 µs; MariaDB parses a multi-row ``VALUES`` list row by
+row, and took 8.8-9.3 µs per row with escaped strings and ``COALESCE(%s, UTC_TIMESTAMP(6))``
+(the way to fall back to the database's clock in one statement shape), 6.9-7.2 µs with hex
+literals and ``DEFAULT`` (about half of the gain each). A hexadecimal literal is a binary
+string: its bytes reach the ``VARBINARY``/``LONGBLOB`` columns unchanged and the ``utf8mb4``
+headers column as the UTF-8 they are, whatever the connection's character set or
+``NO_BACKSLASH_ESCAPES``, and it holds no character that SQL or the drivers' ``%`` formatting
+would read. It spares aiomysql, which cannot escape ``bytes`` parameters (aiomysql 0.3 with
+PyMySQL 1.2 raises ``TypeError``), a path of its own. The price: a server's query log shows
+hex digits, not text.
+
+Hex doubles a payload's size, and a statement must fit the server's ``max_allowed_packet``
+(16 MB by default on MariaDB, 64 MB on MySQL 8): a payload over :data:`_LITERAL_BYTES` travels
+as a ``%s`` parameter instead (the driver escapes it to about its own size), except through
+aiomysql, where ``UNHEX(%s)`` of its hex digits is the only way.
 
 Each writes in the connection's transaction: the drivers open one implicitly at the first
 statement unless the connection is in autocommit mode, where every statement commits on its own.
@@ -27,43 +50,84 @@ from outboxer.config import TableNames
 from outboxer.message import Row
 from outboxer.writers import insert_into
 
-__all__ = ["AIOMYSQL", "ASYNC", "SYNC", "AsyncMysqlWriter", "MysqlWriter", "insert_sql", "params"]
+__all__ = ["AIOMYSQL", "ASYNC", "SYNC", "AsyncMysqlWriter", "MysqlWriter", "params", "statements"]
 
-#: A chunk of ``insert_many`` ends after this many rows or bytes of values, whichever is first
-#: (the server refuses a statement larger than ``max_allowed_packet``, 16 MB by default).
+#: A chunk of ``insert_many`` ends after this many rows or bytes of SQL, whichever is first (the
+#: server refuses a statement larger than ``max_allowed_packet``). 100 and 10,000 rows per
+#: statement cost the server the same per row as 1,000.
 _CHUNK_ROWS = 1000
 _CHUNK_BYTES = 1 << 20
-
-
-@cache
-def insert_sql(names: TableNames, rows: int = 1, *, hex_payload: bool = False) -> str:
-    """The INSERT of ``rows`` rows, in ``%s`` style."""
-    payload = "UNHEX(%s)" if hex_payload else "%s"
-    values = f"(%s, %s, %s, %s, {payload}, %s, %s, COALESCE(%s, UTC_TIMESTAMP(6)))"
-    return insert_into(names, "VALUES " + ", ".join([values] * rows), quote="`")
+#: A payload longer than this goes as a driver parameter rather than a hex literal twice its
+#: size (see the module docstring).
+_LITERAL_BYTES = 1 << 16
 
 
 def params(row: Row, *, hex_payload: bool = False) -> tuple[Any, ...]:
-    """``row`` as the MySQL drivers send it: naive UTC times, the payload as hex if asked."""
-    when = row.available_at
-    if when is not None and when.tzinfo is not None:
-        when = when.astimezone(dt.UTC).replace(tzinfo=None)
+    """``row`` as the MySQL drivers send it as parameters, for the writers that go through
+    SQLAlchemy or Django: naive UTC times, the payload as hex if asked."""
     payload: bytes | str = row.payload.hex() if hex_payload else row.payload
+    when = None if row.available_at is None else _naive_utc(row.available_at)
     return (row.id, row.topic, row.key, row.type, payload, row.content_type, row.headers, when)
 
 
-def chunks(rows: Sequence[Row], *, hex_payload: bool = False) -> Iterator[tuple[int, list[Any]]]:
-    """``(row count, flat parameters)`` of the multi-row INSERTs that write ``rows`` in order."""
-    count, size, flat = 0, 0, list[Any]()
+def _naive_utc(when: dt.datetime) -> dt.datetime:
+    """``when`` as a naive datetime in UTC (the columns' convention)."""
+    return when.astimezone(dt.UTC).replace(tzinfo=None) if when.tzinfo is not None else when
+
+
+class _Literals(dict[str | None, str]):
+    """The SQL literal of a text value (``NULL`` for ``None``), each made once: a hit is one
+    dict lookup, with no Python call."""
+
+    def __missing__(self, value: str | None) -> str:
+        literal = "NULL" if value is None else f"X'{value.encode().hex()}'"
+        self[value] = literal
+        return literal
+
+
+@cache
+def _head(names: TableNames) -> str:
+    return insert_into(names, "VALUES ", quote="`")
+
+
+def statements(
+    names: TableNames, rows: Sequence[Row], *, escapes_bytes: bool = True
+) -> Iterator[tuple[str, list[bytes | str] | None]]:
+    """The multi-row INSERTs that write ``rows`` in order: ``(sql, parameters)``, the
+    parameters ``None`` unless a large payload goes as one (``escapes_bytes``: the driver can
+    escape a ``bytes`` parameter, which aiomysql cannot)."""
+    # Topics, types, content types, headers and keys repeat within a batch: each written once.
+    text = _Literals()
+    values: list[str] = []
+    large: list[bytes | str] = []
+    size = 0
     for row in rows:
-        flat.extend(params(row, hex_payload=hex_payload))
-        count += 1
-        size += len(row.payload) + len(row.headers) + 128
-        if count == _CHUNK_ROWS or size >= _CHUNK_BYTES:
-            yield count, flat
-            count, size, flat = 0, 0, []
-    if count:
-        yield count, flat
+        if row.available_at is None:
+            available_at = "DEFAULT"
+        else:
+            available_at = f"'{_naive_utc(row.available_at).isoformat(' ')}'"
+        if len(row.payload) <= _LITERAL_BYTES:
+            payload = f"X'{row.payload.hex()}'"
+        elif escapes_bytes:
+            payload = "%s"
+            large.append(row.payload)
+            size += 2 * len(row.payload)  # (escaped: at most twice its size)
+        else:
+            payload = "UNHEX(%s)"
+            large.append(row.payload.hex())
+            size += 2 * len(row.payload)
+        value = (
+            f"(X'{row.id.encode().hex()}', {text[row.topic]}, {text[row.key]}, "
+            f"{text[row.type]}, {payload}, {text[row.content_type]}, {text[row.headers]}, "
+            f"{available_at})"
+        )
+        values.append(value)
+        size += len(value) + 2
+        if len(values) == _CHUNK_ROWS or size >= _CHUNK_BYTES:
+            yield _head(names) + ", ".join(values), large or None
+            values, large, size = [], [], 0
+    if values:
+        yield _head(names) + ", ".join(values), large or None
 
 
 def _connection(conn: Any) -> Any:
@@ -77,13 +141,12 @@ class MysqlWriter:
     is_async: Literal[False] = False
 
     def insert(self, conn: Any, names: TableNames, row: Row) -> None:
-        with _connection(conn).cursor() as cursor:
-            cursor.execute(insert_sql(names), params(row))
+        self.insert_many(conn, names, (row,))
 
     def insert_many(self, conn: Any, names: TableNames, rows: Sequence[Row]) -> None:
         with _connection(conn).cursor() as cursor:
-            for count, flat in chunks(rows):
-                cursor.execute(insert_sql(names, count), flat)
+            for sql, parameters in statements(names, rows):
+                cursor.execute(sql, parameters)
 
     def joins_transaction(self, conn: Any) -> bool:
         # Outside autocommit mode the driver's connection is always in a transaction (MySQL
@@ -92,25 +155,21 @@ class MysqlWriter:
 
 
 class AsyncMysqlWriter:
-    """An asyncmy (or, with ``hex_payload``, aiomysql) connection or cursor, in its
+    """An asyncmy (or, without ``escapes_bytes``, aiomysql) connection or cursor, in its
     transaction."""
 
     is_async: Literal[True] = True
 
-    def __init__(self, *, hex_payload: bool = False) -> None:
-        self.hex_payload = hex_payload
+    def __init__(self, *, escapes_bytes: bool = True) -> None:
+        self.escapes_bytes = escapes_bytes
 
     async def insert(self, conn: Any, names: TableNames, row: Row) -> None:
-        async with _connection(conn).cursor() as cursor:
-            await cursor.execute(
-                insert_sql(names, hex_payload=self.hex_payload),
-                params(row, hex_payload=self.hex_payload),
-            )
+        await self.insert_many(conn, names, (row,))
 
     async def insert_many(self, conn: Any, names: TableNames, rows: Sequence[Row]) -> None:
         async with _connection(conn).cursor() as cursor:
-            for count, flat in chunks(rows, hex_payload=self.hex_payload):
-                await cursor.execute(insert_sql(names, count, hex_payload=self.hex_payload), flat)
+            for sql, parameters in statements(names, rows, escapes_bytes=self.escapes_bytes):
+                await cursor.execute(sql, parameters)
 
     def joins_transaction(self, conn: Any) -> bool:
         return not _connection(conn).get_autocommit()
@@ -118,4 +177,4 @@ class AsyncMysqlWriter:
 
 SYNC = MysqlWriter()
 ASYNC = AsyncMysqlWriter()
-AIOMYSQL = AsyncMysqlWriter(hex_payload=True)
+AIOMYSQL = AsyncMysqlWriter(escapes_bytes=False)
