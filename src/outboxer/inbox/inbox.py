@@ -51,11 +51,7 @@ from outboxer.config import (
 )
 from outboxer.errors import ConfigurationError, OutboxerError, PermanentPublishError, StoreError
 from outboxer.inbox.consume import consume, redrive_consume_failures
-from outboxer.inbox.registry import (
-    HandlerContext,
-    HandlerRegistry,
-    PermanentHandlerError,
-)
+from outboxer.inbox.registry import HandlerRegistry, PermanentHandlerError
 from outboxer.message import Message
 from outboxer.ports import ConsumeFailure, ConsumeOutcome, InboxStore, SweeperStore
 
@@ -466,9 +462,7 @@ class Inbox:
             return
         started = time.perf_counter()
         try:
-            await route.run(
-                message, lambda: HandlerContext(message, connection, self.consumer, attempt)
-            )
+            await route.start(message, connection, self.consumer, attempt)
         finally:
             self._handler_time += time.perf_counter() - started
             self._handler_runs += 1

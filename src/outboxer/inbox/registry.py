@@ -110,22 +110,53 @@ class Route:
     calls: tuple[tuple[Handler, _Signature], ...]
     wants_context: bool
 
-    async def run(self, message: Message, context: Callable[[], HandlerContext]) -> None:
+    def start(
+        self,
+        message: Message,
+        connection: Any = None,
+        consumer: str | None = None,
+        attempt: int = 1,
+    ) -> Awaitable[object]:
+        """What runs the handlers when awaited (:meth:`run`). The context is made only for a
+        handler that takes it (most do not). A route of one ``async`` handler, the usual one,
+        is that handler's own coroutine: no coroutine of the route's per message, which the
+        inbox and the in-process publisher run for every message.
+
+        Raises:
+            UndecodablePayload: here or when awaited: the payload does not fit the annotated
+                type.
+        """
+        if len(self.calls) == 1:
+            handler, signature = self.calls[0]
+            if signature.is_async:
+                payload = signature.decode(message)
+                if signature.wants_context:
+                    return handler(payload, HandlerContext(message, connection, consumer, attempt))
+                return handler(payload)
+        return self.run(message, connection, consumer, attempt)
+
+    async def run(
+        self,
+        message: Message,
+        connection: Any = None,
+        consumer: str | None = None,
+        attempt: int = 1,
+    ) -> None:
         """Run the handlers one after the other, a plain one in a worker thread (it must not
-        block the loop: an SMTP call, an HTTP request). ``context`` makes the context, called
-        only when a handler takes it (most do not).
+        block the loop: an SMTP call, an HTTP request), with one context made for those that
+        take it (:class:`HandlerContext` of these fields).
 
         Raises:
             Exception: the first handler's error; the handlers after it do not run.
         """
-        made: HandlerContext | None = None
+        context: HandlerContext | None = None
+        if self.wants_context:
+            context = HandlerContext(message, connection, consumer, attempt)
         for handler, signature in self.calls:
-            if signature.wants_context and made is None:
-                made = context()
             if signature.is_async:
-                await signature.call(handler, message, made)
+                await signature.call(handler, message, context)
             else:
-                await asyncio.to_thread(signature.call, handler, message, made)
+                await asyncio.to_thread(signature.call, handler, message, context)
 
 
 def _decoder_for(annotation: Any, handler: Handler) -> tuple[Callable[[Message], Any], str | None]:

@@ -111,7 +111,8 @@ class InProcessPublisher:
         route = self.registry.route(message)
         try:
             if route is not None:
-                await route.run(message, lambda: _context(message))
+                # no inbox here: no connection; the attempt is the publish attempt
+                await route.start(message, attempt=message.attempts + 1)
         except Exception as exc:  # noqa: BLE001 - a handler's failure is the message's
             results[index] = _as_publish_error(exc)
 

@@ -2,18 +2,19 @@
 
 Handlers get the asyncpg connection of the inbox transaction, so their writes commit with the
 inbox row. The transaction and the handler savepoints are ``stores._common.SqlInboxSession``'s;
-a batch of deliveries is recorded by one ``INSERT … SELECT FROM unnest(…)`` that answers in
-one row: a plain ``INSERT`` first (``inbox_receive_fresh``), since a batch is new but for rare
-redeliveries, and ``ON CONFLICT DO NOTHING`` (``inbox_receive``) when that finds one of the
-messages there already, and for a minute after (:data:`REDELIVERY_WINDOW`). The speculative
-insertion of ``ON CONFLICT`` (a pre-check of the index, a speculative lock and a confirmation
-record in the WAL per row) cost ≈ 30 % of the server's CPU for a row (≈ 4.5 of 15.5 µs on the
-development VM, batches of 100).
+a batch of deliveries is recorded by one ``INSERT … SELECT`` over its ids and keys (two JSON
+arrays) that answers in one row: a plain ``INSERT`` first (``inbox_receive_fresh``), since a
+batch is new but for rare redeliveries, and ``ON CONFLICT DO NOTHING`` (``inbox_receive``) when
+that finds one of the messages there already, and for a minute after
+(:data:`REDELIVERY_WINDOW`). The speculative insertion of ``ON CONFLICT`` (a pre-check of the
+index, a speculative lock and a confirmation record in the WAL per row) cost ≈ 30 % of the
+server's CPU for a row (≈ 4.5 of 15.5 µs on the development VM, batches of 100).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar
@@ -85,8 +86,8 @@ class _Session(SqlInboxSession):
         self, consumer: str, messages: Sequence[Message], retention: float
     ) -> list[InboxReceipt]:
         ids = [m.id for m in messages]
-        keys = [m.key for m in messages]
-        args = (consumer, ids, keys, retention)
+        # JSON arrays rather than text[]: ten times cheaper to encode (see inbox_receive)
+        args = (consumer, _json_list(ids), _json_list([m.key for m in messages]), retention)
         began_at = self._began_at
         if (
             began_at is not None
@@ -163,6 +164,11 @@ class PostgresInbox(PostgresPart, SqlInbox):
     """The inbox port (:class:`~outboxer.ports.InboxStore`) on PostgreSQL."""
 
     Session = _Session
+
+
+#: A list of strings (or ``None``) as a JSON array; keeps non-ASCII characters as they are, so
+#: a string the database cannot take fails as it would as a text parameter.
+_json_list = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 def _message_args(message: Message) -> tuple[Any, ...]:

@@ -466,7 +466,10 @@ LIMIT $2
 -- order means two overlapping batches lock their rows in the same order and cannot deadlock
 -- on them. One row answers: how many were inserted, the blocked ones, and the inserted ids
 -- only when some were not (duplicates are rare): a row per message cost the client ≈ 2 µs a
--- message to decode and map, for the same work on the server.
+-- message to decode and map, for the same work on the server. The ids and keys come as two JSON
+-- arrays of strings (keys may be null), zipped by ROWS FROM: asyncpg encodes a text[] at
+-- ≈ 0.35 µs an element on the consumer's event loop, json.dumps the same list ten times faster,
+-- and parsing it costs the server no more than reading the array (batches of 100).
 WITH inserted AS (
     INSERT INTO {inbox} (consumer, message_id, expires_at)
     SELECT $1, d.message_id,
@@ -474,14 +477,15 @@ WITH inserted AS (
                     SELECT 1 FROM {inbox_failures} f
                     WHERE f.consumer = $1 AND f.key = d.key AND f.state = 'retrying')
                 THEN NULL ELSE now() + make_interval(secs => $4) END
-    FROM unnest($2::text[], $3::text[]) AS d(message_id, key)
+    FROM ROWS FROM (json_array_elements_text($2::json), json_array_elements_text($3::json))
+         AS d(message_id, key)
     ORDER BY d.message_id
     ON CONFLICT (consumer, message_id) DO NOTHING
     RETURNING message_id, expires_at IS NULL AS blocked
 )
 SELECT count(*)::int AS fresh,
        array_agg(message_id) FILTER (WHERE blocked) AS blocked,
-       CASE WHEN count(*) < cardinality($2::text[]) THEN array_agg(message_id) END AS inserted
+       CASE WHEN count(*) < json_array_length($2::json) THEN array_agg(message_id) END AS inserted
 FROM inserted
 
 -- name: inbox_receive_fresh
@@ -490,7 +494,8 @@ FROM inserted
 -- fails it with a unique violation; the session (see stores/postgres/inbox.py) then rolls the
 -- transaction back, it was the transaction's first statement, and runs inbox_receive. A
 -- concurrent transaction holding one of the pairs makes it wait for that one's outcome, as
--- inbox_receive does; every row is inserted, so only the blocked ids are returned.
+-- inbox_receive does; every row is inserted, so only the blocked ids are returned. Same
+-- arguments as inbox_receive.
 WITH inserted AS (
     INSERT INTO {inbox} (consumer, message_id, expires_at)
     SELECT $1, d.message_id,
@@ -498,7 +503,8 @@ WITH inserted AS (
                     SELECT 1 FROM {inbox_failures} f
                     WHERE f.consumer = $1 AND f.key = d.key AND f.state = 'retrying')
                 THEN NULL ELSE now() + make_interval(secs => $4) END
-    FROM unnest($2::text[], $3::text[]) AS d(message_id, key)
+    FROM ROWS FROM (json_array_elements_text($2::json), json_array_elements_text($3::json))
+         AS d(message_id, key)
     ORDER BY d.message_id
     RETURNING message_id, expires_at IS NULL AS blocked
 )
