@@ -16,8 +16,12 @@ keys, published beforehand through outboxer's publisher of that broker):
 
 The handlers do nothing, so the figures show what the inbox costs, not what a handler costs.
 Timed from the first delivered batch to the last stored one (group joins and connects are not
-counted). Reported: msg/s each way, inbox / without, and the mean time a batch spends in the
-inbox (ms; without the inbox a whole batch cycle takes ``without_ms_per_batch``).
+counted). Reported: msg/s each way, inbox / without, the mean time a batch spends in the
+inbox (ms; without the inbox a whole batch cycle takes ``without_ms_per_batch``), and the
+consumer process's CPU per message over the same span (``…_cpu_us``, µs, all its threads; not
+PostgreSQL's or the broker's): on a machine others share, throughput moves with their load far
+more than CPU per message does, and with one core to itself the consumer's event loop is what
+limits it.
 
 The script runs against whatever ``outboxer`` is on the path, so the same file measures an
 older tree too (``PYTHONPATH=<old tree>/src:. python -m benchmarks.consumers``): run old and new
@@ -194,12 +198,14 @@ async def publish(broker: Broker, batch: list[Message]) -> None:
 
 class Run(NamedTuple):
     """One consumption: msg/s, mean ms a batch spent in ``deliver`` (what the inbox adds to
-    each batch), the adapter's batch size and the mean size of a delivered batch."""
+    each batch), the adapter's batch size, the mean size of a delivered batch, and the
+    consumer process's CPU per message (µs, every thread: ``time.process_time``)."""
 
     rate: float
     ms_in_deliver: float
     batch_size: int
     mean_batch: float
+    cpu_us: float
 
 
 async def timed_consume(
@@ -208,15 +214,15 @@ async def timed_consume(
     """From the first delivered batch until COUNT messages went through ``deliver``."""
     stop = asyncio.Event()
     seen = batches = 0
-    first = last = in_deliver = 0.0
+    first = last = in_deliver = cpu_first = cpu_last = 0.0
 
     async def counting(batch: Sequence[Message]) -> None:
-        nonlocal seen, batches, first, last, in_deliver
+        nonlocal seen, batches, first, last, in_deliver, cpu_first, cpu_last
         start = time.perf_counter()
         if not first:
-            first = start
+            first, cpu_first = start, time.process_time()
         await deliver(batch)
-        last = time.perf_counter()
+        last, cpu_last = time.perf_counter(), time.process_time()
         seen += len(batch)
         batches += 1
         in_deliver += last - start
@@ -235,7 +241,13 @@ async def timed_consume(
             await asyncio.wait_for(runner, 30)
     if seen < COUNT:
         raise RuntimeError(f"consumed {seen} of {COUNT}")
-    return Run(seen / (last - first), in_deliver / batches * 1000, batch_size, seen / batches)
+    return Run(
+        seen / (last - first),
+        in_deliver / batches * 1000,
+        batch_size,
+        seen / batches,
+        (cpu_last - cpu_first) / seen * 1e6,
+    )
 
 
 async def without_inbox(batch: Sequence[Message]) -> None:
@@ -293,7 +305,7 @@ async def main(names: list[str]) -> list[dict[str, Any]]:
         ) as store:
             await store.migrate()
             for name, broker in found.items():
-                best = dict.fromkeys(MODES, Run(0.0, 0.0, 0, 0.0))
+                best = dict.fromkeys(MODES, Run(0.0, 0.0, 0, 0.0, 0.0))
                 for _ in range(ROUNDS):
                     rates = await one_round(broker, store)
                     best = {mode: max(best[mode], rates[mode]) for mode in MODES}
@@ -304,6 +316,7 @@ async def main(names: list[str]) -> list[dict[str, Any]]:
                     "mean_batch": round(without.mean_batch, 1),
                     "without_inbox": round(without.rate),
                     "without_ms_per_batch": round(without.mean_batch / without.rate * 1000, 2),
+                    "without_cpu_us": round(without.cpu_us, 1),
                 }
                 for mode in list(MODES)[1:]:
                     run = best[mode]
@@ -311,6 +324,7 @@ async def main(names: list[str]) -> list[dict[str, Any]]:
                     row[f"{mode}_over_without"] = round(run.rate / without.rate, 2)
                     row[f"{mode}_ms_in_deliver"] = round(run.ms_in_deliver, 2)
                     row[f"{mode}_mean_batch"] = round(run.mean_batch, 1)
+                    row[f"{mode}_cpu_us"] = round(run.cpu_us, 1)
                 print(row, flush=True)
                 rows.append(row)
     save(

@@ -433,6 +433,26 @@ async def test_permanent_handler_errors_are_dead_letters_at_once() -> None:
         assert (dead.direction, dead.attempts) == ("consume", 1)
 
 
+async def test_an_async_handler_whose_payload_does_not_decode_is_a_dead_letter_at_once() -> None:
+    """A route's one async handler is called directly (``Route.start``), so its payload is
+    decoded before there is a coroutine to await: the error is still the message's."""
+    registry = HandlerRegistry()
+
+    @registry.handler()
+    async def welcome(user: UserRegistered, ctx: HandlerContext) -> None:
+        raise AssertionError("not reached")
+
+    store = InMemoryStore()
+    inbox = Inbox(store, registry, settings())
+    undecodable = event({"nope": 1}, "UserRegistered", id="undecodable")
+    assert await inbox.receive_batch([undecodable]) == ["dead"]
+    dead = await store.get_dead_letter("undecodable")
+    assert (dead.direction, dead.attempts) == ("consume", 1)
+    [published] = await InProcessPublisher(registry).publish([undecodable])
+    assert isinstance(published, PermanentPublishError)
+    assert "does not decode" in str(published)
+
+
 class FlakyStore(InMemoryStore):
     """The database is down for the first ``down`` inbox sessions."""
 
