@@ -177,22 +177,29 @@ async def empty(driver: str) -> None:
             await pg.close()
 
 
+async def write(
+    outbox: outboxer.Outbox, conn: Any, is_async: bool, bulk: bool, batch: list[dict[str, Any]]
+) -> None:
+    """``batch`` through ``enqueue_many`` (``bulk``) or ``enqueue`` per message."""
+    if bulk and is_async:
+        await outbox.enqueue_many_async(conn, batch)
+    elif bulk:
+        outbox.enqueue_many(conn, batch)
+    elif is_async:
+        for message in batch:
+            await outbox.enqueue_async(conn, **message)
+    else:
+        for message in batch:
+            outbox.enqueue(conn, **message)
+
+
 async def rate(driver: str, bulk: bool) -> float:
     outbox = outbox_of(driver)
     batch = messages()
     committed: list[float] = []
     async with DRIVERS[driver](committed) as (conn, is_async):
         started = time.perf_counter()
-        if bulk and is_async:
-            await outbox.enqueue_many_async(conn, batch)
-        elif bulk:
-            outbox.enqueue_many(conn, batch)
-        elif is_async:
-            for message in batch:
-                await outbox.enqueue_async(conn, **message)
-        else:
-            for message in batch:
-                outbox.enqueue(conn, **message)
+        await write(outbox, conn, is_async, bulk, batch)
     return N / (committed[0] - started)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pymysql  # type: ignore[import-untyped]
 
-from benchmarks.bulk_writes import DRIVERS, MYSQL_DATABASE, N, empty, messages, outbox_of
+from benchmarks.bulk_writes import DRIVERS, MYSQL_DATABASE, N, empty, messages, outbox_of, write
 from benchmarks.common import save
 from benchmarks.inbox_cpu import backend_seconds
 from outboxer.config import TableNames
@@ -50,16 +50,7 @@ async def one_round(driver: str, bulk: bool, pid: int) -> tuple[float, float, fl
     committed: list[float] = []
     async with DRIVERS[driver](committed) as (conn, is_async):
         started, client, server = time.perf_counter(), time.process_time(), backend_seconds([pid])
-        if bulk and is_async:
-            await outbox.enqueue_many_async(conn, batch)
-        elif bulk:
-            outbox.enqueue_many(conn, batch)
-        elif is_async:
-            for message in batch:
-                await outbox.enqueue_async(conn, **message)
-        else:
-            for message in batch:
-                outbox.enqueue(conn, **message)
+        await write(outbox, conn, is_async, bulk, batch)
     return (
         committed[0] - started,
         time.process_time() - client,
