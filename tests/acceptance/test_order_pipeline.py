@@ -340,10 +340,18 @@ async def test_two_relays_share_the_work_without_duplicates(pipeline: Pipeline) 
         return len((await pipeline.stats())["relays"]) == 2
 
     await wait(both_live, lambda: relays[0].output(4000) + relays[1].output(4000))
+    # Both frozen while the orders are written, then woken together: a quick relay could
+    # otherwise publish every message as it arrives, before the other's next poll.
+    for relay in relays:
+        relay.process.send_signal(signal.SIGSTOP)
     created: list[dict[str, Any]] = []
-    for start in range(0, 60, 20):  # 20 requests at a time
-        batch = (pipeline.order(f"c-{n}") for n in range(start, start + 20))
-        created += await asyncio.gather(*batch)
+    try:
+        for start in range(0, 60, 20):  # 20 requests at a time
+            batch = (pipeline.order(f"c-{n}") for n in range(start, start + 20))
+            created += await asyncio.gather(*batch)
+    finally:
+        for relay in relays:
+            relay.process.send_signal(signal.SIGCONT)
     await pipeline.drained(*relays)
     for relay in relays:
         assert relay.stop() == 0, relay.output(4000)
