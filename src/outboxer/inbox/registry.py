@@ -129,10 +129,10 @@ class Route:
         if len(self.calls) == 1:
             handler, signature = self.calls[0]
             if signature.is_async:
-                payload = signature.decode(message)
+                context = None
                 if signature.wants_context:
-                    return handler(payload, HandlerContext(message, connection, consumer, attempt))
-                return handler(payload)
+                    context = HandlerContext(message, connection, consumer, attempt)
+                return signature.call(handler, message, context)  # type: ignore[no-any-return]
         return self.run(message, connection, consumer, attempt)
 
     async def run(
