@@ -28,6 +28,7 @@ from outboxer.ports import ConsumeFailure, DeadLetterFilter, InboxStore
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.postgres import inbox as postgres_inbox
+from outboxer.stores.postgres.connection import statements_run
 from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore
 
@@ -508,6 +509,75 @@ class TestPostgresInbox(InboxStoreContract):
         more = await store.consume("c", [message(3), message(4)], handler, **options)
         assert more == ["duplicate", "handled"]
         assert await effects.read() == ["c:m-1", "c:m-2", "c:m-3", "c:m-4"]
+
+    async def test_a_new_batch_costs_two_round_trips(
+        self, pg_url: str, pg_schema: str, raw_store: PostgresStore
+    ) -> None:
+        """BEGIN, the recording and the handlers' savepoint go in one round trip, COMMIT in the
+        other: counted on the one connection of a pool of one, by a handler that takes the
+        connection and runs nothing."""
+        seen: list[int | None] = []
+
+        async def counting(message: Message, connection: Any, attempt: int) -> None:
+            assert connection.is_in_transaction()
+            seen.append(statements_run(connection))
+
+        names = TableNames(schema=pg_schema)
+        async with PostgresStore(pg_url, names, max_connections=1) as store:
+            for n in range(3):
+                batch = [message(2 * n, key="a"), message(2 * n + 1, key="b")]
+                outcomes = await consume(
+                    store, "c", batch, counting, on_failure=retry_after(9), retention_seconds=60
+                )
+                assert outcomes == ["handled", "handled"]
+        assert postgres_inbox._Session.plain_insert_from == 0.0  # never fell back
+        first, *_ = seen
+        assert first is not None
+        # the two handlers of a batch: no round trip between them; one batch to the next: two
+        assert seen == [first, first, first + 2, first + 2, first + 4, first + 4]
+
+    async def test_any_text_in_ids_and_keys_goes_the_one_round_trip_way(
+        self, store: Mode, effects: Effects
+    ) -> None:
+        """The batch's ids and keys travel as SQL literals in that round trip: quotes,
+        backslashes, JSON escapes and non-ASCII text arrive as they were sent."""
+        odd = ["it's", "back\\slash", 'quo"te', "\\'; DROP TABLE x; --", "ünï €", "\u2028"]
+        batch = [
+            dataclasses.replace(message(n), id=f"{text}-{n}", key=text)
+            for n, text in enumerate(odd)
+        ]
+        options: dict[str, Any] = {"on_failure": retry_after(9), "retention_seconds": 60}
+        assert await store.consume("c", batch, effects.handler(), **options) == ["handled"] * 6
+        assert postgres_inbox._Session.plain_insert_from == 0.0  # no fallback was needed
+        assert await effects.read() == [f"c:{m.id}" for m in batch]
+        again = await store.consume("c", batch, effects.handler(), **options)
+        assert again == ["duplicate"] * 6
+
+    async def test_a_handler_that_deallocates_prepared_statements_does_not_stop_the_inbox(
+        self, pg_url: str, pg_schema: str, raw_store: PostgresStore
+    ) -> None:
+        """The recording statement is prepared on the connection (PREPARE): after a handler
+        ran DEALLOCATE ALL the next batch prepares it again, and nothing is lost."""
+        names = TableNames(schema=pg_schema)
+        handled: list[str] = []
+
+        async def deallocating(message: Message, connection: Any, attempt: int) -> None:
+            await connection.execute("DEALLOCATE ALL")
+            handled.append(message.id)
+
+        async with PostgresStore(pg_url, names, max_connections=1) as store:
+            for n in range(3):
+                outcomes = await consume(
+                    store,
+                    "c",
+                    [message(n)],
+                    deallocating,
+                    on_failure=retry_after(9),
+                    retention_seconds=60,
+                )
+                assert outcomes == ["handled"]
+        assert handled == ["m-0", "m-1", "m-2"]
+        assert postgres_inbox._Session.plain_insert_from == 0.0
 
     async def test_a_handler_that_swallows_a_database_error_fails_instead_of_vanishing(
         self, store: PostgresStore, effects: Effects

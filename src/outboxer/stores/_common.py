@@ -503,7 +503,7 @@ def envelope_of(message: Message | DeadLetter) -> dict[str, Any]:
 
 
 #: The one savepoint name of the inbox: a handler runs inside it (see ``SqlInboxSession``).
-_SAVEPOINT = "outboxer_handler"
+HANDLER_SAVEPOINT = "outboxer_handler"
 
 
 class SqlInboxSession(abc.ABC):
@@ -595,7 +595,7 @@ class SqlInboxSession(abc.ABC):
                 return exc
             return None
         if not self._savepoint_clean:
-            await self._run(f"SAVEPOINT {_SAVEPOINT}", None)
+            await self._run(f"SAVEPOINT {HANDLER_SAVEPOINT}", None)
         self._savepoint_clean = False
         before = self._statements()
         try:
@@ -605,11 +605,14 @@ class SqlInboxSession(abc.ABC):
                 self._savepoint_clean = True
                 return None
             self._handler_statements = True
-            await self._run(f"RELEASE SAVEPOINT {_SAVEPOINT}; SAVEPOINT {_SAVEPOINT}", None)
+            await self._run(
+                f"RELEASE SAVEPOINT {HANDLER_SAVEPOINT}; SAVEPOINT {HANDLER_SAVEPOINT}", None
+            )
         except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
             self._handler_statements = True
             await self._run(
-                f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}", None
+                f"ROLLBACK TO SAVEPOINT {HANDLER_SAVEPOINT}; RELEASE SAVEPOINT {HANDLER_SAVEPOINT}",
+                None,
             )
             return exc
         self._savepoint_clean = True

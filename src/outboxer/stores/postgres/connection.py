@@ -101,15 +101,39 @@ _UNAVAILABLE = (
 class CountingConnection(asyncpg.Connection):
     """The connections of a pool the store creates: they also count the ``COPY … FROM STDIN``
     they ran, which asyncpg's count of a connection's statements leaves out (see
-    :func:`statements_run`)."""
+    :func:`statements_run`), and can hold a transaction's ``BEGIN`` back until its holder sends
+    it in front of its first statement (:meth:`defer_begin`)."""
 
-    __slots__ = ("copies_in", "reset_needed")
+    __slots__ = ("begin_deferred", "begin_pending", "copies_in", "prepared", "reset_needed")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.copies_in = 0
         #: Whether the pool must reset the session state when the connection comes back.
         self.reset_needed = True
+        self.begin_deferred = False
+        #: A ``BEGIN`` held back: the holder owes it, in front of its first statement.
+        self.begin_pending = False
+        #: The names of the server-side prepared statements (``PREPARE``) made on it.
+        self.prepared: set[str] = set()
+
+    def defer_begin(self, deferred: bool = True) -> None:
+        """Hold back the ``BEGIN`` that the next ``connection.transaction()`` sends: it is
+        asyncpg's transaction all the same (a handler's ``transaction()`` nests in it as a
+        savepoint), but the holder owes the ``BEGIN`` (``begin_pending``) and sends it in the
+        round trip of its first statement; a ``COMMIT`` or ``ROLLBACK`` while it is still owed
+        sends nothing. ``defer_begin(False)`` forgets both."""
+        self.begin_deferred, self.begin_pending = deferred, False
+
+    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
+        if not args and (self.begin_deferred or self.begin_pending):
+            if query == "BEGIN;" and self.begin_deferred:  # as asyncpg sends it
+                self.begin_deferred, self.begin_pending = False, True
+                return "BEGIN"
+            if query in ("COMMIT;", "ROLLBACK;") and self.begin_pending:
+                self.begin_pending = False  # the transaction never reached the server
+                return query[:-1]
+        return await super().execute(query, *args, timeout=timeout)
 
     async def copy_to_table(self, *args: Any, **kwargs: Any) -> str:
         self.copies_in += 1
@@ -164,9 +188,11 @@ async def _reset(con: asyncpg.Connection) -> None:
     """The pool's reset on release (after asyncpg rolled back an open transaction): asyncpg's
     own reset query (advisory locks, cursors, ``LISTEN``, settings), unless the connection's
     last user made sure nothing needs it (:func:`skip_reset`)."""
-    if isinstance(con, CountingConnection) and not con.reset_needed:
-        con.reset_needed = True
-        return
+    if isinstance(con, CountingConnection):
+        con.defer_begin(False)
+        if not con.reset_needed:
+            con.reset_needed = True
+            return
     query = con.get_reset_query()
     if query:
         await con.execute(query)

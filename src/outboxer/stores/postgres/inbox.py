@@ -3,17 +3,27 @@
 Handlers get the asyncpg connection of the inbox transaction, so their writes commit with the
 inbox row. The transaction and the handler savepoints are ``stores._common.SqlInboxSession``'s;
 a batch of deliveries is recorded by one ``INSERT … SELECT`` over its ids and keys (two JSON
-arrays) that answers in one row: a plain ``INSERT`` first (``inbox_receive_fresh``), since a
-batch is new but for rare redeliveries, and ``ON CONFLICT DO NOTHING`` (``inbox_receive``) when
-that finds one of the messages there already, and for a minute after
-(:data:`REDELIVERY_WINDOW`). The speculative insertion of ``ON CONFLICT`` (a pre-check of the
-index, a speculative lock and a confirmation record in the WAL per row) cost ≈ 30 % of the
-server's CPU for a row (≈ 4.5 of 15.5 µs on the development VM, batches of 100).
+arrays).
+
+A batch is new but for rare redeliveries, so on the store's own connections it is first
+recorded by a plain ``INSERT`` that goes with the transaction's ``BEGIN`` and the handlers'
+first ``SAVEPOINT`` in one round trip (``inbox_receive_at_begin``, a server-side prepared
+statement run by ``EXECUTE`` in the simple protocol): with ``COMMIT`` that makes two round
+trips a batch instead of four. The simple protocol returns no rows, so the statement answers
+by failing: a message recorded already breaks the primary key, a message whose key waits
+behind a failure fails on purpose. Then the transaction is rolled back and begun again and the
+batch recorded with ``ON CONFLICT DO NOTHING`` (``inbox_receive``), which answers in one row;
+so are the batches of the next minute (:data:`REDELIVERY_WINDOW`). The speculative insertion
+of ``ON CONFLICT`` (a pre-check of the index, a speculative lock and a confirmation record in
+the WAL per row) cost ≈ 30 % of the server's CPU for a row (≈ 4.5 of 15.5 µs on the development
+VM, batches of 100).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -31,8 +41,19 @@ from outboxer.ports import (
     PendingFailure,
     failure_reason,
 )
-from outboxer.stores._common import Row, SqlInbox, SqlInboxSession, pending_failure_from_row
-from outboxer.stores.postgres.connection import PostgresPart, skip_reset, statement_counter
+from outboxer.stores._common import (
+    HANDLER_SAVEPOINT,
+    Row,
+    SqlInbox,
+    SqlInboxSession,
+    pending_failure_from_row,
+)
+from outboxer.stores.postgres.connection import (
+    CountingConnection,
+    PostgresPart,
+    skip_reset,
+    statement_counter,
+)
 
 __all__ = ["PostgresInbox"]
 
@@ -46,26 +67,49 @@ REDELIVERY_WINDOW = 60.0
 class _Session(SqlInboxSession):
     """A pooled asyncpg connection, held for a chunk of deliveries or a round of re-drives."""
 
-    #: The connection's statement count when the open transaction began (``None``: unknown).
-    _began_at: int | None = None
     #: Until when (``time.monotonic()``) this process records batches with ``ON CONFLICT``.
     plain_insert_from: ClassVar[float] = 0.0
 
     def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:
         super().__init__(connection, queries)
         self._count = statement_counter(connection)
+        own = getattr(connection, "_con", connection)  # behind the pool's proxy
+        #: The store's own connection class, which can hold a ``BEGIN`` back; ``None`` for a
+        #: borrowed pool's connections.
+        self._own = own if isinstance(own, CountingConnection) else None
 
     @contextlib.asynccontextmanager
     async def _begin(self) -> AsyncIterator[object]:
-        async with self.connection.transaction() as transaction:
-            self._began_at = self._statements()
-            yield transaction
+        own = self._own
+        if own is not None:
+            own.defer_begin()  # sent with the first statement (see _owed_begin)
+        try:
+            async with self.connection.transaction() as transaction:
+                yield transaction
+        finally:
+            if own is not None:
+                own.defer_begin(False)
+
+    def _owed_begin(self) -> bool:
+        """Whether the transaction's ``BEGIN`` is still to be sent (it is the caller's now)."""
+        own = self._own
+        if own is None or not own.begin_pending:
+            return False
+        own.begin_pending = False
+        return True
 
     async def _run(self, sql: str, args: Any) -> None:
+        if self._owed_begin():
+            if args:
+                await self.connection.execute("BEGIN")
+            else:
+                sql = f"BEGIN; {sql}"
         # Without arguments asyncpg sends the simple protocol: several statements, one trip.
         await self.connection.execute(sql, *(args or ()))
 
     async def _rows(self, sql: str, args: Any) -> Sequence[Row]:
+        if self._owed_begin():
+            await self.connection.execute("BEGIN")
         return await self.connection.fetch(sql, *args)  # type: ignore[no-any-return]
 
     def _statements(self) -> int | None:
@@ -88,25 +132,15 @@ class _Session(SqlInboxSession):
         ids = [m.id for m in messages]
         # JSON arrays rather than text[]: ten times cheaper to encode (see inbox_receive)
         args = (consumer, _json_list(ids), _json_list([m.key for m in messages]), retention)
-        began_at = self._began_at
+        own = self._own
         if (
-            began_at is not None
-            and self._statements() == began_at
-            and time.monotonic() >= _Session.plain_insert_from
+            own is not None
+            and own.begin_pending
+            and time.monotonic() >= self.plain_insert_from
+            and await self._receive_at_begin(own, args)
         ):
-            # The transaction's first statement: if one of the messages is there already, the
-            # plain INSERT fails, and rolling back loses nothing but its own work. A new
-            # transaction in the same round trip (asyncpg's transaction object commits or rolls
-            # back whichever is open when the block ends), then the statement that takes
-            # duplicates in its stride.
-            try:
-                [row] = await self.fetch(self.q["inbox_receive_fresh"], args)
-            except asyncpg.UniqueViolationError:
-                _Session.plain_insert_from = time.monotonic() + REDELIVERY_WINDOW
-                await self.execute("ROLLBACK; BEGIN", None)
-                [row] = await self.fetch(self.q["inbox_receive"], args)
-        else:
-            [row] = await self.fetch(self.q["inbox_receive"], args)
+            return [FRESH_RECEIPT] * len(ids)
+        [row] = await self.fetch(self.q["inbox_receive"], args)
         fresh, blocked = row["fresh"], row["blocked"]
         if fresh == len(ids) and not blocked:
             return [FRESH_RECEIPT] * fresh  # the common case: all new, none behind a failing key
@@ -120,6 +154,37 @@ class _Session(SqlInboxSession):
             else FRESH_RECEIPT
             for i in ids
         ]
+
+    async def _receive_at_begin(self, own: CountingConnection, args: tuple[Any, ...]) -> bool:
+        """``BEGIN``, the plain ``INSERT`` of ``inbox_receive_at_begin`` and the handlers'
+        ``SAVEPOINT`` in one round trip; ``True`` if that recorded every message, none of
+        them behind a failing key. Else the transaction is begun again (``False``)."""
+        sql = self.q["inbox_receive_at_begin"]
+        name = _prepared_name(sql)
+        execute = f"EXECUTE {name}({', '.join(map(_literal, args))})"
+        trip = f"BEGIN; {execute}; SAVEPOINT {HANDLER_SAVEPOINT}"
+        if name not in own.prepared:
+            trip = f"PREPARE {name}(text, json, json, float8) AS {sql}; {trip}"
+        own.begin_pending = False
+        self._savepoint_clean = False
+        try:
+            await self.connection.execute(trip)
+        except (asyncpg.PostgresError, UnicodeError) as exc:
+            if isinstance(exc, asyncpg.InvalidSQLStatementNameError):
+                own.prepared.discard(name)  # deallocated (DISCARD ALL, say): prepared again
+            elif isinstance(exc, asyncpg.DuplicatePreparedStatementError):
+                own.prepared.add(name)
+            else:  # a message there already, a blocked key: redeliveries come in runs
+                _Session.plain_insert_from = time.monotonic() + REDELIVERY_WINDOW
+            # The failure answers for the whole batch: it was the transaction's first
+            # statement, rolling back loses nothing. asyncpg's transaction object commits or
+            # rolls back whichever transaction is open when the block ends.
+            rollback = "ROLLBACK; " if own.is_in_transaction() else ""
+            await self.connection.execute(f"{rollback}BEGIN")
+            return False
+        own.prepared.add(name)
+        self._savepoint_clean = True
+        return True
 
     async def record_failure(
         self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
@@ -164,6 +229,20 @@ class PostgresInbox(PostgresPart, SqlInbox):
     """The inbox port (:class:`~outboxer.ports.InboxStore`) on PostgreSQL."""
 
     Session = _Session
+
+
+@functools.cache
+def _prepared_name(sql: str) -> str:
+    """The name of ``sql`` prepared on a connection: one per text, for a pool shared by stores
+    of different schemas."""
+    return f"outboxer_receive_{hashlib.sha1(sql.encode()).hexdigest()[:16]}"
+
+
+def _literal(value: object) -> str:
+    """``value``'s text as an SQL string literal (``E''`` syntax: backslashes are escaped
+    whatever ``standard_conforming_strings`` says)."""
+    text = str(value).replace("\\", "\\\\").replace("'", "''")
+    return f"E'{text}'"
 
 
 #: A list of strings (or ``None``) as a JSON array; keeps non-ASCII characters as they are, so
