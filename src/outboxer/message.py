@@ -212,6 +212,7 @@ def encode_payload(payload: object) -> tuple[bytes, str]:
 # A stand-in for each Returned column while its payload is encoded, split off afterwards: random
 # (drawn once), so that no other value encodes to it, and checked (see below).
 _TOKEN = f"outboxer-returned-{os.urandom(16).hex()}"
+_QUOTED_TOKEN = f'"{_TOKEN}"'  # as the encoder writes it
 _template_columns = threading.local()  # the columns met by the encoding running in this thread
 
 
@@ -246,7 +247,7 @@ def encode_payload_template(payload: object) -> tuple[tuple[str, ...], tuple[Ret
         text = _TEMPLATE_ENCODER.encode(payload)
     except (TypeError, ValueError, RecursionError, OverflowError) as exc:
         raise ConfigurationError(f"cannot serialize payload: {exc}") from exc
-    parts = text.split(f'"{_TOKEN}"')
+    parts = text.split(_QUOTED_TOKEN)
     if len(parts) != len(columns) + 1:
         raise ConfigurationError("payload: a string equal to outboxer's stand-in for a column")
     return tuple(parts), tuple(columns)

@@ -130,6 +130,7 @@ def _row(
     *,
     trace: dict[str, str] | None,
     fresh_id: str | None = None,
+    encoded: tuple[bytes, str] | None = None,
 ) -> Row:
     if not isinstance(topic, str) or not topic:
         raise ConfigurationError("topic must be a non-empty string")
@@ -152,7 +153,7 @@ def _row(
         raise ConfigurationError("id must be a non-empty string or None")
     else:
         _text(id, "id")
-    body, content_type = encode_payload(payload)
+    body, content_type = encoded or encode_payload(payload)
     return Row(
         id,
         _text(topic, "topic"),
@@ -221,12 +222,13 @@ class Outbox:
         """
         parts: tuple[str, ...] = ()
         columns: tuple[Returned, ...] = ()
-        json = not isinstance(payload, str | bytes | bytearray | memoryview) and not hasattr(
-            payload, "model_dump_json"
-        )
-        if json:  # (encoded here, handed to _row as bytes, its content type set back below)
+        encoded = None
+        if payload.__class__ is dict or not (  # (a dict first: this runs once per write)
+            isinstance(payload, str | bytes | bytearray | memoryview)
+            or hasattr(payload, "model_dump_json")
+        ):
             parts, columns = encode_payload_template(payload)
-            payload = b"" if columns else parts[0].encode()
+            encoded = (b"" if columns else parts[0].encode(), JSON)
         column = key if isinstance(key, Returned) else None
         row = _row(
             topic,
@@ -237,9 +239,8 @@ class Outbox:
             id,
             available_at,
             trace=trace_headers(),
+            encoded=encoded,
         )
-        if json:
-            row = row._replace(content_type=JSON)
         return RowTemplate(row, column, columns, parts if columns else ())
 
     def with_message(

@@ -29,9 +29,9 @@ SQLAlchemy compiled for the caller's statement takes its place here.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from outboxer.errors import ConfigurationError
@@ -62,7 +62,7 @@ def _column(column: str) -> str:
     return f'b."{quoted}"'
 
 
-@cache
+@functools.cache
 def _insert(
     names: TableNames, key: str | None, payload: tuple[str, ...], style: str, first: int
 ) -> str:
@@ -126,12 +126,25 @@ def with_message(
         if any(name.startswith("outboxer_") for name in named):
             raise ConfigurationError("parameter names starting with 'outboxer_' are outboxer's")
         named.update((f"outboxer_{n}", value) for n, value in enumerate(values, 1))
-        return _statement(statement, _insert(names, key, payload, "%(name)s", 1)), named
+        return _statement(names, statement, key, payload, "%(name)s", 1), named
     positional = list(args)
     style = "$n" if driver == "asyncpg" else "%s"
-    insert = _insert(names, key, payload, style, len(positional) + 1)
-    return _statement(statement, insert), positional + values
+    return _statement(names, statement, key, payload, style, len(positional) + 1), [
+        *positional,
+        *values,
+    ]
 
 
-def _statement(statement: str, insert: str) -> str:
+@functools.lru_cache(maxsize=1024)
+def _statement(
+    names: TableNames,
+    statement: str,
+    key: str | None,
+    payload: tuple[str, ...],
+    style: str,
+    first: int,
+) -> str:
+    """The whole statement, kept for the statements an application writes again and again: the
+    same text object each time, whose hash the drivers' statement caches need not compute."""
+    insert = _insert(names, key, payload, style, first)
     return f"WITH {BUSINESS} AS ({statement}), {MESSAGE} AS ({insert}) SELECT * FROM {BUSINESS}"
