@@ -14,6 +14,7 @@ import decimal
 import enum
 import json
 import os
+import re
 import threading
 import uuid
 from collections.abc import Mapping
@@ -33,6 +34,8 @@ __all__ = [
     "encode_headers",
     "encode_payload",
     "encode_payload_template",
+    "received",
+    "storable_text",
 ]
 
 JSON = "application/json"
@@ -76,6 +79,57 @@ class Message:
     def text(self) -> str:
         """The payload decoded as UTF-8."""
         return self.payload.decode()
+
+
+#: What a store cannot keep in text: NUL (PostgreSQL refuses it in ``text`` and ``jsonb``) and
+#: lone UTF-16 surrogates (not encodable as UTF-8, so no driver sends them).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _is_storable(text: str) -> bool:
+    # ASCII (a flag lookup in CPython), the common case: only NUL to look for.
+    return "\x00" not in text if text.isascii() else _UNSTORABLE.search(text) is None
+
+
+def storable_text(text: str) -> str:
+    """``text`` with each NUL character and lone surrogate replaced by U+FFFD, as decoding
+    replaces a byte that is not UTF-8: text every store keeps (``text`` itself when it is)."""
+    return text if _is_storable(text) else _UNSTORABLE.sub("\ufffd", text)
+
+
+def received(message: Message) -> Message:
+    """``message`` as the inbox stores it and hands it to handlers: its text fields storable.
+
+    ``enqueue`` refuses NUL and lone surrogates, but any client can publish to a broker. A
+    delivery carrying one in its id, key or a header could not be stored (PostgreSQL refuses
+    NUL, no driver encodes a lone surrogate, SQLite cuts text at NUL) and would stop the
+    consumer each time the broker delivered it again; so each is replaced by U+FFFD
+    (:func:`storable_text`), as decoders replace bytes that are not UTF-8. Returns
+    ``message`` itself when nothing needs replacing, which costs one join and one scan.
+    """
+    headers = message.headers
+    text = "".join(
+        (
+            message.id,
+            message.topic,
+            message.key or "",
+            message.type or "",
+            message.content_type,
+            *headers,
+            *headers.values(),
+        )
+    )
+    if _is_storable(text):
+        return message
+    return dataclasses.replace(
+        message,
+        id=storable_text(message.id),
+        topic=storable_text(message.topic),
+        key=None if message.key is None else storable_text(message.key),
+        type=None if message.type is None else storable_text(message.type),
+        headers={storable_text(name): storable_text(value) for name, value in headers.items()},
+        content_type=storable_text(message.content_type),
+    )
 
 
 class Row(NamedTuple):

@@ -7,7 +7,9 @@ Subclass :class:`ConsumerContract` per broker with these fixtures:
   ``topic`` and consuming it as ``consumer_name`` (create the topic/stream/queue);
 - ``publish``: ``async (topic, messages)`` through the outboxer publisher of that broker;
 - ``publish_again`` (optional): publish messages again as a real duplicate delivery (brokers
-  that drop a re-published id by themselves need a way around that).
+  that drop a re-published id by themselves need a way around that);
+- ``publish_foreign`` (optional): publish messages as the broker's own client would, for text
+  ``enqueue`` refuses (NUL) and the publisher may not carry as it is.
 
 Every test uses a fresh PostgreSQL schema (the inbox and an ``effects`` table the handlers of
 :mod:`tests.integration.consumer_handlers` write to), a unique topic and a unique consumer name.
@@ -16,6 +18,7 @@ Every test uses a fresh PostgreSQL schema (the inbox and an ``effects`` table th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -31,7 +34,7 @@ from outboxer.brokers import consumer_from_url
 from outboxer.config import Backoff
 from outboxer.inbox import Inbox, InboxSettings, run_consumer
 from outboxer.message import Message
-from outboxer.ports import DeadLetterFilter
+from outboxer.ports import DeadLetter, DeadLetterFilter
 from outboxer.stores.postgres import PostgresStore
 from tests.acceptance.conftest import PYTHONPATH
 from tests.conftest import unique_name
@@ -115,6 +118,10 @@ class ConsumerContract:
 
     @pytest.fixture
     def publish_again(self, publish: Publish) -> Publish:
+        return publish
+
+    @pytest.fixture
+    def publish_foreign(self, publish: Publish) -> Publish:
         return publish
 
     @staticmethod
@@ -206,6 +213,59 @@ class ConsumerContract:
             await asyncio.wait_for(running, 15)
         lost = [r.getMessage() for r in caplog.records if "disconnect" in r.getMessage().lower()]
         assert lost == []
+
+    async def test_nul_in_a_record_is_replaced_and_does_not_block_the_consumer(
+        self,
+        pg_store: PostgresStore,
+        effects: str,
+        topic: str,
+        broker_url: str,
+        prepare: Prepare,
+        publish_foreign: Publish,
+    ) -> None:
+        """Any client can publish a record whose id, key or header holds a NUL character, which
+        PostgreSQL cannot store in text (``enqueue`` refuses it, so only a foreign producer
+        sends one; the bytes on the wire are the same whoever sends them). The consumer hands
+        it on with U+FFFD in place of each NUL: handled like any other, or a dead letter an
+        operator can read, and the records after it are handled. (Before, storing it raised:
+        the consumer stopped with the batch unacknowledged, and met it again at each start.)"""
+        name = unique_name("c")
+        await prepare(topic, name)
+        settings = InboxSettings(
+            consumer=name, max_attempts=1, redrive_interval=0.05, sweep_interval=0
+        )
+        inbox = Inbox(pg_store, consumer_handlers.registry, settings)
+        adapter = consumer_from_url(broker_url, name=name, topics=[topic], batch_size=20)
+        running = asyncio.create_task(run_consumer(inbox, adapter, shutdown_timeout=5))
+        nul = "\x00"
+        handled = job(topic, effects, 1, key=f"k{nul}1")
+        handled = dataclasses.replace(
+            handled, id=f"{handled.id}{nul}", headers={**handled.headers, "note": f"a{nul}b"}
+        )
+        dead = job(topic, effects, 2, fail="always", key=f"k{nul}2")
+        dead = dataclasses.replace(dead, headers={**dead.headers, "note": f"{nul}"})
+        after = [job(topic, effects, n) for n in range(3, 6)]
+        try:
+            await publish_foreign(topic, [handled, dead, *after])
+
+            async def settled() -> bool:
+                counts = await self.effect_counts(pg_store, effects)
+                return all(
+                    m.id.replace(nul, "\ufffd") in counts for m in [handled, *after]
+                ) and bool(await dead_letters())
+
+            async def dead_letters() -> list[DeadLetter]:
+                flt = DeadLetterFilter(ids=[dead.id])
+                return (await pg_store.list_dead_letters(flt, limit=10, cursor=None)).items
+
+            await wait_for(settled, "the poisoned and the following records to settle")
+            [letter] = await dead_letters()
+            assert (letter.direction, letter.key, letter.type) == ("consume", "k\ufffd2", "Job")
+            assert letter.headers["note"] == "\ufffd"
+            assert (inbox.counters.handled, inbox.counters.dead) == (4, 1)
+        finally:
+            inbox.stop()
+            await asyncio.wait_for(running, 15)
 
     async def test_kill_9_of_a_consumer_mid_batch_loses_nothing(
         self,

@@ -7,9 +7,11 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
+from confluent_kafka import Producer
 
 from outboxer.brokers.kafka import KafkaConsumerSettings
 from outboxer.brokers.kafka.publisher import KafkaPublisher
+from outboxer.brokers.kafka.wire import header_encoder
 from outboxer.errors import ConfigurationError
 from outboxer.message import Message
 from tests.contracts.consumer import ConsumerContract, Prepare, Publish
@@ -36,6 +38,26 @@ class TestKafkaConsumer(ConsumerContract):
         async def publish(topic: str, messages: Sequence[Message]) -> None:
             async with KafkaPublisher.from_url(f"kafka://{kafka_bootstrap}") as publisher:
                 assert list(await publisher.publish(messages)) == [None] * len(messages)
+
+        return publish
+
+    @pytest.fixture
+    def publish_foreign(self, kafka_bootstrap: str) -> Publish:  # noqa: F811 - the fixture
+        """Records from confluent-kafka's own producer, headers as bytes: given a ``str``, it
+        cuts a header at its first NUL (a C string), which a client in another language
+        does not."""
+
+        def produce(topic: str, messages: Sequence[Message]) -> None:
+            producer = Producer({"bootstrap.servers": kafka_bootstrap})
+            encode = header_encoder("foreign")
+            for m in messages:
+                headers = [(name, str(value).encode()) for name, value in encode(m)]
+                key = None if m.key is None else m.key.encode()
+                producer.produce(topic, m.payload, key=key, headers=headers)
+            assert producer.flush(10) == 0
+
+        async def publish(topic: str, messages: Sequence[Message]) -> None:
+            await asyncio.to_thread(produce, topic, messages)
 
         return publish
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -45,6 +46,26 @@ class TestRedisConsumer(ConsumerContract):
         async def publish(topic: str, messages: Sequence[Message]) -> None:
             async with RedisPublisher.from_url(REDIS) as publisher:
                 assert list(await publisher.publish(messages)) == [None] * len(messages)
+
+        return publish
+
+    @pytest.fixture
+    def publish_foreign(self) -> Publish:
+        """Entries XADDed by redis-py itself, their headers JSON as ``json.dumps`` writes it
+        (escapes: ``\\u0000``), with a lone surrogate added (``\\ud800``, which JSON
+        allows and no UTF-8 encoder takes)."""
+
+        async def publish(topic: str, messages: Sequence[Message]) -> None:
+            client = Redis.from_url(REDIS)
+            try:
+                for m in messages:
+                    headers = json.dumps({**m.headers, "odd": "\ud800"})
+                    fields = {"id": m.id, "type": m.type or "", "payload": m.payload}
+                    if m.key is not None:
+                        fields["key"] = m.key
+                    await client.xadd(topic, {**fields, "headers": headers})
+            finally:
+                await client.aclose()
 
         return publish
 

@@ -184,6 +184,35 @@ class InboxStoreContract:
             await one(store, "c", m, handler, on_failure=judge, retention_seconds=60) == "duplicate"
         )
 
+    async def test_nul_and_lone_surrogates_are_consumed_as_u_fffd(
+        self, store: Any, effects: Effects
+    ) -> None:
+        """A delivery with text no database keeps (any client can publish it) is stored,
+        handled, failed and dead-lettered with U+FFFD in its place; redelivered, it is a
+        duplicate. (Before: PostgreSQL refused it, MariaDB's driver and SQLite failed on a
+        lone surrogate, SQLite took a NUL id for a duplicate and never ran the handler.)"""
+        m = Message(
+            id="m-\x00-1",
+            topic="things",
+            payload=b"\x00",
+            key="k\x00\ud800",
+            type="Thing",
+            headers={"h\x00": "\udc80v\x00"},
+        )
+        judge = retry_after(0.05, max_attempts=1)
+        handler = effects.handler(fail=lambda m, a: True)
+        assert await one(store, "c", m, handler, on_failure=judge, retention_seconds=60) == "dead"
+        dead = await store.get_dead_letter("m-\ufffd-1")
+        assert (dead.key, dict(dead.headers), dead.payload) == (
+            "k\ufffd\ufffd",
+            {"h\ufffd": "\ufffdv\ufffd"},
+            b"\x00",  # bytes: stored as they came
+        )
+        assert effects.calls == [("m-\ufffd-1", 1)]
+        assert await one(store, "c", m, handler, on_failure=judge, retention_seconds=60) == (
+            "duplicate"
+        )
+
     async def test_after_max_attempts_a_consume_dead_letter_that_replay_re_drives(
         self, store: Any, effects: Effects
     ) -> None:

@@ -2,6 +2,7 @@
 
 No broker is needed: each ``wire`` module encodes to and decodes from plain values (what the
 client library hands over), so the two halves of one format are checked against each other.
+What a consumer makes of text no store keeps (NUL, lone surrogates) is checked last.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import datetime as dt
 
 import pika
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from nats.aio.client import Client as NatsClient
 
 from outboxer.brokers.cloudevents import format_time, parse_time
@@ -19,7 +22,7 @@ from outboxer.brokers.kafka import wire as kafka_wire
 from outboxer.brokers.nats import wire as nats_wire
 from outboxer.brokers.rabbitmq import wire as rabbitmq_wire
 from outboxer.brokers.redis import wire as redis_wire
-from outboxer.message import JSON, Message
+from outboxer.message import JSON, Message, received, storable_text
 
 CREATED = dt.datetime(2025, 1, 31, 12, 0, 0, 123456, tzinfo=dt.UTC)
 
@@ -200,3 +203,52 @@ def test_ce_time_is_rfc3339_utc() -> None:
     )
     assert parse_time("2025-01-31T12:00:00") == dt.datetime(2025, 1, 31, 12, tzinfo=dt.UTC)
     assert parse_time("yesterday") is None
+
+
+def test_rabbitmq_text_that_is_not_utf8_is_decoded_with_replacement_characters() -> None:
+    """pika hands a short string that is not UTF-8 over as bytes (any client can send one)."""
+    decoded = rabbitmq_wire.decode(
+        routing_key=b"orders.\xff",
+        body=b"",
+        message_id=b"id-\xff",
+        type=b"\xffType",
+        timestamp=None,
+        content_type=None,
+        headers={b"h\xff": b"v\xff", "n": 7, "x-outbox-key": b"k\xff"},
+    )
+    assert (decoded.id, decoded.topic, decoded.type, decoded.key) == (
+        "id-\ufffd",
+        "orders.\ufffd",
+        "\ufffdType",
+        "k\ufffd",
+    )
+    assert decoded.headers == {"h\ufffd": "v\ufffd", "n": "7"}
+
+
+# every code point, surrogates included, and the ones that matter often
+@given(st.text(st.characters(exclude_categories=()) | st.sampled_from("\x00\ud800\udfffé😀")))
+def test_storable_text_replaces_only_nul_and_lone_surrogates(text: str) -> None:
+    stored = storable_text(text)
+    assert stored.encode().decode() == stored and "\x00" not in stored
+    assert len(stored) == len(text)
+    unchanged = [a == b for a, b in zip(text, stored, strict=True)]
+    assert unchanged == [c != "\x00" and not 0xD800 <= ord(c) <= 0xDFFF for c in text]
+    if all(unchanged):
+        assert stored is text
+
+
+def test_received_keeps_a_storable_message_and_replaces_the_rest() -> None:
+    clean = _messages()[0]
+    assert received(clean) is clean
+    fields = {  # field: (as delivered, as received)
+        "id": ("id\x00", "id\ufffd"),
+        "topic": ("t\ud800", "t\ufffd"),
+        "key": ("k\x00", "k\ufffd"),
+        "type": ("T\udfff", "T\ufffd"),
+        "headers": ({"h\x00": "\ud83dv"}, {"h\ufffd": "\ufffdv"}),
+        "content_type": ("text/\x00", "text/\ufffd"),
+    }
+    dirty = dataclasses.replace(clean, **{name: d for name, (d, _) in fields.items()})
+    assert received(dirty) == dataclasses.replace(
+        clean, **{name: r for name, (_, r) in fields.items()}
+    )

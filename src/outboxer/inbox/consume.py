@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from outboxer.message import Message
+from outboxer.message import Message, received
 from outboxer.ports import (
     ConsumeFailure,
     ConsumeOutcome,
@@ -65,7 +65,9 @@ async def consume(
     way in the given order (the caller passes the messages of one key in delivery order), on
     one connection that the handler gets. Returns one outcome per message once all are
     committed, so the caller may then acknowledge them to the broker. A handler exception is
-    not raised: it is recorded (``retrying``/``dead``).
+    not raised: it is recorded (``retrying``/``dead``). Text no database keeps (NUL, a lone
+    surrogate: any client can publish them) is stored and handled as U+FFFD, see
+    :func:`~outboxer.message.received`.
 
     Args:
         may_write: Whether the handler of a message may write through the connection (it
@@ -77,6 +79,7 @@ async def consume(
             are duplicates then).
     """
     retention = float(retention_seconds)
+    messages = [received(message) for message in messages]
     batches = [messages] if single_transaction else [[message] for message in messages]
     outcomes: list[ConsumeOutcome] = []
     async with store.inbox_session() as session:

@@ -97,36 +97,40 @@ def encode_properties(message: Message) -> bytes:
     return b"".join(parts)
 
 
+def _text(value: object) -> str | None:
+    """A property or header value as text: pika leaves a string that is not UTF-8 as bytes."""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value if isinstance(value, str) or value is None else str(value)
+
+
 def decode(
     *,
-    routing_key: str,
+    routing_key: str | bytes,
     body: bytes,
-    message_id: str | None,
-    type: str | None,  # noqa: A002 - the AMQP property's name
+    message_id: str | bytes | None,
+    type: str | bytes | None,  # noqa: A002 - the AMQP property's name
     timestamp: int | None,
-    content_type: str | None,
-    headers: Mapping[str, Any] | None,
+    content_type: str | bytes | None,
+    headers: Mapping[str | bytes, Any] | None,
 ) -> Message:
     """An AMQP message as a message; never fails."""
     user: dict[str, str] = {}
     key: str | None = None
     for name, raw in (headers or {}).items():
-        if isinstance(raw, bytes):
-            text: str | None = raw.decode(errors="replace")
-        else:
-            text = raw if isinstance(raw, str) or raw is None else str(raw)
+        text = _text(raw)
         if name == KEY_HEADER:
             key = text
         elif text is not None:
-            user[name] = text
+            user[_text(name) or ""] = text
     created = dt.datetime.fromtimestamp(timestamp, dt.UTC) if timestamp else dt.datetime.now(dt.UTC)
     return Message(
-        id=message_id or f"amqp:{uuid.uuid4()}",
-        topic=routing_key,
+        id=_text(message_id) or f"amqp:{uuid.uuid4()}",
+        topic=_text(routing_key) or "",
         payload=body,
         key=key,
-        type=type or None,
+        type=_text(type) or None,
         headers=user,
-        content_type=content_type or OCTET_STREAM,
+        content_type=_text(content_type) or OCTET_STREAM,
         created_at=created,
     )
