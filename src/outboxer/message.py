@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import decimal
 import enum
+import hashlib
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from outboxer.errors import ConfigurationError
 
 __all__ = [
     "JSON",
+    "MAX_TEXT_BYTES",
     "OCTET_STREAM",
     "TEXT",
     "Message",
@@ -81,6 +83,13 @@ class Message:
         return self.payload.decode()
 
 
+#: The longest id, topic, key, type (and header name) in bytes of UTF-8: an AMQP short string's
+#: limit (routing key, message id, type, header name), far below PostgreSQL's b-tree entry limit
+#: (~2.7 kB) on the indexed columns, and the MariaDB columns' width. ``enqueue`` refuses longer.
+MAX_TEXT_BYTES = 255
+#: Characters that always fit in MAX_TEXT_BYTES (at most 4 bytes each in UTF-8).
+_ALWAYS_FITS = MAX_TEXT_BYTES // 4
+
 #: What a store cannot keep in text: NUL (PostgreSQL refuses it in ``text`` and ``jsonb``) and
 #: lone UTF-16 surrogates (not encodable as UTF-8, so no driver sends them).
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -97,38 +106,49 @@ def storable_text(text: str) -> str:
     return text if _is_storable(text) else _UNSTORABLE.sub("\ufffd", text)
 
 
+def _storable_name(text: str) -> str:
+    """:func:`storable_text`, or ``sha256:`` and its hex digest when that is longer than
+    :data:`MAX_TEXT_BYTES` of UTF-8: the same for the same text, so a redelivery still matches."""
+    text = storable_text(text)
+    data = text.encode()
+    return text if len(data) <= MAX_TEXT_BYTES else f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
 def received(message: Message) -> Message:
     """``message`` as the inbox stores it and hands it to handlers: its text fields storable.
 
-    ``enqueue`` refuses NUL and lone surrogates, but any client can publish to a broker. A
-    delivery carrying one in its id, key or a header could not be stored (PostgreSQL refuses
-    NUL, no driver encodes a lone surrogate, SQLite cuts text at NUL) and would stop the
-    consumer each time the broker delivered it again; so each is replaced by U+FFFD
-    (:func:`storable_text`), as decoders replace bytes that are not UTF-8. Returns
-    ``message`` itself when nothing needs replacing, which costs one join and one scan.
+    ``enqueue`` refuses NUL, lone surrogates and an id, topic, key or type over
+    :data:`MAX_TEXT_BYTES`, but any client can publish to a broker. A delivery carrying one
+    could not be stored (PostgreSQL refuses NUL and index entries over ~2.7 kB, MariaDB's
+    columns are 255 bytes wide, no driver encodes a lone surrogate, SQLite cuts text at NUL)
+    and would stop the consumer each time the broker delivered it again. So each NUL and lone
+    surrogate is replaced by U+FFFD (:func:`storable_text`), as decoders replace bytes that are
+    not UTF-8, and an id, topic, key, type or content type still too long by its digest
+    (``sha256:<hex>``). Returns ``message`` itself when nothing needs replacing, which costs
+    one join and one scan.
     """
     headers = message.headers
-    text = "".join(
-        (
-            message.id,
-            message.topic,
-            message.key or "",
-            message.type or "",
-            message.content_type,
-            *headers,
-            *headers.values(),
-        )
+    named = (
+        message.id,
+        message.topic,
+        message.key or "",
+        message.type or "",
+        message.content_type,
     )
-    if _is_storable(text):
+    text = "".join((*named, *headers, *headers.values()))
+    longest = max(map(len, named))
+    if _is_storable(text) and (
+        longest <= _ALWAYS_FITS or (longest <= MAX_TEXT_BYTES and text.isascii())
+    ):
         return message
     return dataclasses.replace(
         message,
-        id=storable_text(message.id),
-        topic=storable_text(message.topic),
-        key=None if message.key is None else storable_text(message.key),
-        type=None if message.type is None else storable_text(message.type),
+        id=_storable_name(message.id),
+        topic=_storable_name(message.topic),
+        key=None if message.key is None else _storable_name(message.key),
+        type=None if message.type is None else _storable_name(message.type),
         headers={storable_text(name): storable_text(value) for name, value in headers.items()},
-        content_type=storable_text(message.content_type),
+        content_type=_storable_name(message.content_type),
     )
 
 

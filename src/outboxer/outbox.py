@@ -38,6 +38,7 @@ from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
 from outboxer.message import (
     JSON,
+    MAX_TEXT_BYTES,
     Returned,
     Row,
     RowTemplate,
@@ -61,7 +62,6 @@ __all__ = [
     "with_message",
 ]
 
-MAX_TEXT_BYTES = 255
 _REQUIRED = frozenset({"topic", "payload"})
 _OPTIONS = _REQUIRED | {"key", "type", "headers", "id", "available_at"}
 

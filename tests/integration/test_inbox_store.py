@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hashlib
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -209,6 +211,25 @@ class InboxStoreContract:
             b"\x00",  # bytes: stored as they came
         )
         assert effects.calls == [("m-\ufffd-1", 1)]
+        assert await one(store, "c", m, handler, on_failure=judge, retention_seconds=60) == (
+            "duplicate"
+        )
+
+    async def test_an_id_and_key_too_long_to_index_are_consumed_as_their_digests(
+        self, store: Any, effects: Effects
+    ) -> None:
+        """Random text over the b-tree entry limit (before: PostgreSQL's inbox retried the batch
+        forever as if the database were down) and over MariaDB's 255-byte columns: stored,
+        handled, failed and dead-lettered as its digest; redelivered, a duplicate."""
+        long_id, long_key = os.urandom(4500).hex(), os.urandom(300).hex()
+        m = Message(id=long_id, topic="things", payload=b"{}", key=long_key, type="Thing")
+        judge = retry_after(0.05, max_attempts=1)
+        handler = effects.handler(fail=lambda m, a: True)
+        assert await one(store, "c", m, handler, on_failure=judge, retention_seconds=60) == "dead"
+        digest = f"sha256:{hashlib.sha256(long_id.encode()).hexdigest()}"
+        dead = await store.get_dead_letter(digest)
+        assert dead.key == f"sha256:{hashlib.sha256(long_key.encode()).hexdigest()}"
+        assert effects.calls == [(digest, 1)]
         assert await one(store, "c", m, handler, on_failure=judge, retention_seconds=60) == (
             "duplicate"
         )

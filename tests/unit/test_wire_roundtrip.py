@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 
 import pika
 import pytest
@@ -251,4 +252,27 @@ def test_received_keeps_a_storable_message_and_replaces_the_rest() -> None:
     dirty = dataclasses.replace(clean, **{name: d for name, (d, _) in fields.items()})
     assert received(dirty) == dataclasses.replace(
         clean, **{name: r for name, (_, r) in fields.items()}
+    )
+
+
+def test_received_replaces_text_over_255_bytes_by_its_digest() -> None:
+    """Any client can publish an id or key longer than the stores index (PostgreSQL's b-tree
+    entry limit, MariaDB's 255-byte columns): it becomes a digest, the same at every delivery."""
+    clean = _messages()[0]
+    fits = dataclasses.replace(clean, id="i" * 255, key="é" * 127, type="😀" * 63)
+    assert received(fits) == fits  # 255, 254 and 252 bytes
+    long_id, long_key = "i" * 256, "😀" * 64  # 256 bytes each
+    digest = received(dataclasses.replace(clean, id=long_id, key=long_key, topic="t" * 3000))
+    assert digest.id == f"sha256:{hashlib.sha256(long_id.encode()).hexdigest()}"
+    assert digest.key == f"sha256:{hashlib.sha256(long_key.encode()).hexdigest()}"
+    assert digest.topic == f"sha256:{hashlib.sha256(b't' * 3000).hexdigest()}"
+    assert (digest.type, digest.headers, digest.payload) == (
+        clean.type,
+        clean.headers,
+        clean.payload,
+    )
+    # NUL replaced first: the digest is of the text as stored
+    replaced = ("\ufffd" * 300).encode()
+    assert received(dataclasses.replace(clean, id="\x00" * 300)).id == (
+        f"sha256:{hashlib.sha256(replaced).hexdigest()}"
     )
