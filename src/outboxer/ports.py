@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 from outboxer.errors import PublishError, StoreError
-from outboxer.message import Message
+from outboxer.message import Message, storable_text
 
 __all__ = [
     "AdminStore",
@@ -82,12 +82,14 @@ NO_REASON = "failed without a reason (the error carried no message)"
 
 
 def failure_reason(text: str) -> str:
-    """``text``, or :data:`NO_REASON` when it is blank.
+    """``text`` as every store keeps it (NUL and lone surrogates, which a broker's or a
+    webhook's error may quote, as U+FFFD: :func:`~outboxer.message.storable_text`), or
+    :data:`NO_REASON` when it is blank.
 
     Every path that stores a failure goes through this: retries and dead letters of the relay
     (:class:`Retry`, :meth:`Settlement.dead_letters`) and of consumers (:class:`ConsumeFailure`).
     """
-    return text if text.strip() else NO_REASON
+    return storable_text(text) if text.strip() else NO_REASON
 
 
 @dataclass(frozen=True, slots=True)

@@ -381,6 +381,21 @@ class StoreContract:
         shown = await store.get_message(retried)
         assert shown.last_error is not None and shown.last_error.strip()
 
+    async def test_a_failure_quoting_text_no_database_keeps_is_stored(
+        self, store: Store, add: Add
+    ) -> None:
+        """A broker's or webhook's error may quote anything (an HTTP body with NUL, say): it is
+        stored with U+FFFD in place of NUL and lone surrogates, not refused by the database
+        (which made every settle of the batch fail, as if the database were down)."""
+        retried, dead = await add("t", {"n": 1}), await add("t", {"n": 2})
+        c = await claim(store, 2)
+        reasons = Settlement(
+            retries=[Retry(retried, 0, "HTTP 500: a\x00b")], dead=[(dead, "\ud800!")]
+        )
+        await store.settle(c, reasons)
+        assert (await store.get_dead_letter(dead)).failure_reason == "\ufffd!"
+        assert (await store.get_message(retried)).last_error == "HTTP 500: a\ufffdb"
+
     async def test_replay_leaves_a_dead_letter_whose_id_is_back_in_the_outbox(
         self, store: Store, add: Add
     ) -> None:

@@ -52,7 +52,7 @@ from outboxer.config import (
 from outboxer.errors import ConfigurationError, OutboxerError, PermanentPublishError, StoreError
 from outboxer.inbox.consume import consume, redrive_consume_failures
 from outboxer.inbox.registry import HandlerRegistry, PermanentHandlerError
-from outboxer.message import Message, storable_text
+from outboxer.message import Message
 from outboxer.ports import ConsumeFailure, ConsumeOutcome, InboxStore, SweeperStore
 
 __all__ = [
@@ -468,8 +468,7 @@ class Inbox:
             self._handler_runs += 1
 
     def _judge(self, message: Message, attempts: int, error: Exception) -> ConsumeFailure:
-        # A handler's error may quote the message (a NUL from its payload): stored as text.
-        reason = storable_text(f"consumer {self.consumer!r}: {type(error).__name__}: {error}")
+        reason = f"consumer {self.consumer!r}: {type(error).__name__}: {error}"
         permanent = isinstance(error, PermanentHandlerError | PermanentPublishError)
         if permanent or attempts >= self.settings.max_attempts:
             log.error(
