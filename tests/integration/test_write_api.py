@@ -725,6 +725,25 @@ async def test_refused_values_leave_the_transaction_usable(database: Database) -
     assert [r["id"] for r in await database.rows()] == kept
 
 
+async def test_a_message_refused_late_in_a_long_batch_writes_none_of_it(
+    database: Database,
+) -> None:
+    """PostgreSQL's COPY stores a long batch a chunk at a time while the next is validated
+    (``Outbox.STREAM_CHUNK``): a message refused in a later chunk rolls the earlier ones back,
+    and the caller's transaction stays usable, as when the whole batch is validated first."""
+    good = [{"topic": "t", "payload": {"n": n}, "key": f"k{n % 7}"} for n in range(2500)]
+    refused = {**GOOD, "payload": float("nan")}
+    twice = {**GOOD, "id": "twice"}
+    async with database.transaction() as tx:
+        before = await tx.enqueue_many(good[:3])
+        with pytest.raises(OutboxerError, match=r"^message 2300: cannot serialize payload"):
+            await tx.enqueue_many([*good[:2300], refused, *good[2300:]])
+        with pytest.raises(OutboxerError, match=r"^message 2200: id 'twice' appears twice"):
+            await tx.enqueue_many([twice, *good[1:2200], twice, *good[2200:]])
+        after = await tx.enqueue_many(good)
+    assert [r["id"] for r in await database.rows()] == [*before, *after]
+
+
 @pytest.mark.parametrize("name", ['outbox"; DROP TABLE users; --', "1abc", "a b", "x" * 64, "ütf"])
 def test_hostile_table_names_are_refused(name: str) -> None:
     with pytest.raises(ConfigurationError, match="invalid"):

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from outboxer.errors import ConfigurationError
 from outboxer.message import Row
@@ -36,8 +36,10 @@ if TYPE_CHECKING:
 __all__ = [
     "CONNECTIONS",
     "WRAPPERS",
+    "AsyncStreamingWriter",
     "AsyncWriter",
     "Known",
+    "SyncStreamingWriter",
     "SyncWriter",
     "Writer",
     "async_writer",
@@ -63,6 +65,28 @@ class SyncWriter(Protocol):
     def joins_transaction(self, conn: Any) -> bool:
         """Whether a statement sent on ``conn`` now runs in the transaction a wrapper (such as
         SQLAlchemy) has open on it, so that the wrapper may hand ``conn`` to this writer."""
+
+
+@runtime_checkable
+class SyncStreamingWriter(Protocol):
+    """A :class:`SyncWriter` that can store a long batch while it is still being validated."""
+
+    def insert_chunks(self, conn: Any, names: TableNames, chunks: Iterator[Sequence[Row]]) -> bool:
+        """Insert the rows of ``chunks`` in their order as one statement, taking each chunk
+        (which validates it) while the database stores the one before; if taking one raises,
+        nothing of the batch stays written and the caller's transaction stays usable. ``False``,
+        before taking any chunk, when it cannot undo a partial batch (no transaction block to
+        hold a savepoint): the caller then validates the whole batch first."""
+
+
+@runtime_checkable
+class AsyncStreamingWriter(Protocol):
+    """:class:`SyncStreamingWriter` for an :class:`AsyncWriter`."""
+
+    async def insert_chunks(
+        self, conn: Any, names: TableNames, chunks: Iterator[Sequence[Row]]
+    ) -> bool:
+        """As :meth:`SyncStreamingWriter.insert_chunks`."""
 
 
 class AsyncWriter(Protocol):

@@ -12,7 +12,7 @@ text as a JSON string. So the headers are sent as ``text`` and cast by the serve
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from functools import cache
 from typing import Literal
 
@@ -21,7 +21,7 @@ import asyncpg
 from outboxer.config import TableNames
 from outboxer.message import Row
 from outboxer.writers import insert_into
-from outboxer.writers.pgcopy import COPIED, copy_data
+from outboxer.writers.pgcopy import COPIED, STREAM_SAVEPOINT, UNDO_STREAM, copy_chunks, copy_data
 
 __all__ = ["ASYNC", "AsyncpgWriter"]
 
@@ -33,11 +33,11 @@ def _insert(names: TableNames) -> str:
     )
 
 
-async def _copy_source(rows: Sequence[Row]) -> AsyncIterator[bytes]:
+async def _copy_source(data: Iterator[bytes]) -> AsyncIterator[bytes]:
     # An async iterator: a source of bytes would be taken for a file name by asyncpg, and a
     # file object is read on a thread.
-    for chunk in copy_data(rows):
-        yield chunk
+    for block in data:
+        yield block
 
 
 class AsyncpgWriter:
@@ -55,11 +55,34 @@ class AsyncpgWriter:
         if any(row.available_at is not None for row in rows):
             await conn.executemany(_insert(names), rows)
             return
+        await self._copy(conn, names, copy_data(rows))
+
+    async def insert_chunks(
+        self, conn: asyncpg.Connection, names: TableNames, chunks: Iterator[Sequence[Row]]
+    ) -> bool:
+        if not conn.is_in_transaction():
+            return False  # each statement commits on its own: no savepoint to undo a chunk
+        refused: list[Exception] = []
+        await conn.execute(f"SAVEPOINT {STREAM_SAVEPOINT}")
+        try:
+            await self._copy(conn, names, copy_chunks(chunks, refused))
+        except Exception:
+            await conn.execute(UNDO_STREAM)  # the caller's transaction as before the batch
+            raise
+        if refused:
+            await conn.execute(UNDO_STREAM)
+            raise refused[0]
+        await conn.execute(f"RELEASE SAVEPOINT {STREAM_SAVEPOINT}")
+        return True
+
+    async def _copy(
+        self, conn: asyncpg.Connection, names: TableNames, data: Iterator[bytes]
+    ) -> None:
         await conn.copy_to_table(
             names.table,
             schema_name=names.schema,
             columns=COPIED,
-            source=_copy_source(rows),
+            source=_copy_source(data),
             format="binary",
         )
 

@@ -15,11 +15,11 @@ the writers send a batch with a delayed message as an INSERT instead.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from outboxer.message import Row
 
-__all__ = ["COPIED", "copy_data"]
+__all__ = ["COPIED", "STREAM_SAVEPOINT", "UNDO_STREAM", "copy_chunks", "copy_data"]
 
 COPIED = Row._fields[:-1]
 """The columns COPY fills: all of :class:`Row` but ``available_at``, left to its default."""
@@ -32,6 +32,9 @@ _NULL = _LENGTH(-1)
 _TRAILER = struct.pack("!h", -1)  # ... and -1 at the end.
 _JSONB_VERSION = b"\x01"  # a binary jsonb value is its text after a version byte
 _CHUNK_ROWS = 1000
+#: The savepoint a streamed batch (``insert_chunks``) rolls back to when a chunk is refused.
+STREAM_SAVEPOINT = "outboxer_enqueue_many"
+UNDO_STREAM = f"ROLLBACK TO SAVEPOINT {STREAM_SAVEPOINT}; RELEASE SAVEPOINT {STREAM_SAVEPOINT}"
 
 
 def _binary_rows(rows: Sequence[Row]) -> bytes:
@@ -64,4 +67,19 @@ def copy_data(rows: Sequence[Row]) -> Iterator[bytes]:
     yield _SIGNATURE
     for start in range(0, len(rows), _CHUNK_ROWS):
         yield _binary_rows(rows[start : start + _CHUNK_ROWS])
+    yield _TRAILER
+
+
+def copy_chunks(chunks: Iterable[Sequence[Row]], refused: list[Exception]) -> Iterator[bytes]:
+    """The COPY stream of the rows of ``chunks``, a block of bytes per chunk, each chunk taken
+    only when its block is asked for. An exception taking a chunk (a message refused) ends the
+    stream there, as a complete COPY of the rows before it, and goes into ``refused``: the
+    writer rolls those rows back then. (A COPY failed from the client instead makes asyncpg
+    cancel the statement with a second connection, which may reach the next one.)"""
+    yield _SIGNATURE
+    try:
+        for chunk in chunks:
+            yield _binary_rows(chunk)
+    except Exception as exc:  # noqa: BLE001 - handed to the writer, raised after the undo
+        refused.append(exc)
     yield _TRAILER

@@ -12,7 +12,7 @@ pipelines into one round trip.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import cache
 from typing import Literal
 
@@ -22,7 +22,7 @@ from psycopg import pq
 from outboxer.config import TableNames
 from outboxer.message import Row
 from outboxer.writers import columns, insert_into
-from outboxer.writers.pgcopy import COPIED, copy_data
+from outboxer.writers.pgcopy import COPIED, STREAM_SAVEPOINT, UNDO_STREAM, copy_chunks, copy_data
 
 __all__ = ["ASYNC", "SYNC", "AsyncPsycopgWriter", "PsycopgWriter"]
 
@@ -68,8 +68,34 @@ class PsycopgWriter:
                 cursor.executemany(_insert(names), rows)
                 return
             with cursor.copy(_copy(names)) as copy:
-                for chunk in copy_data(rows):
-                    copy.write(chunk)
+                for block in copy_data(rows):
+                    copy.write(block)
+
+    def insert_chunks(
+        self,
+        conn: psycopg.Connection | psycopg.Cursor,
+        names: TableNames,
+        chunks: Iterator[Sequence[Row]],
+    ) -> bool:
+        if isinstance(conn, psycopg.Cursor):
+            conn = conn.connection
+        if conn.autocommit or conn.info.pipeline_status != pq.PipelineStatus.OFF:
+            return False  # no transaction block for a savepoint, or no COPY
+        refused: list[Exception] = []
+        with conn.cursor() as cursor:
+            cursor.execute(f"SAVEPOINT {STREAM_SAVEPOINT}")  # (psycopg begins first if needed)
+            try:
+                with cursor.copy(_copy(names)) as copy:
+                    for block in copy_chunks(chunks, refused):
+                        copy.write(block)
+            except Exception:
+                cursor.execute(UNDO_STREAM)  # the caller's transaction as before the batch
+                raise
+            if refused:
+                cursor.execute(UNDO_STREAM)
+                raise refused[0]
+            cursor.execute(f"RELEASE SAVEPOINT {STREAM_SAVEPOINT}")
+        return True
 
     def joins_transaction(self, conn: psycopg.Connection) -> bool:
         # psycopg opens a transaction before any statement (unless autocommit, where every
@@ -102,8 +128,34 @@ class AsyncPsycopgWriter:
                 await cursor.executemany(_insert(names), rows)
                 return
             async with cursor.copy(_copy(names)) as copy:
-                for chunk in copy_data(rows):
-                    await copy.write(chunk)
+                for block in copy_data(rows):
+                    await copy.write(block)
+
+    async def insert_chunks(
+        self,
+        conn: psycopg.AsyncConnection | psycopg.AsyncCursor,
+        names: TableNames,
+        chunks: Iterator[Sequence[Row]],
+    ) -> bool:
+        if isinstance(conn, psycopg.AsyncCursor):
+            conn = conn.connection
+        if conn.autocommit or conn.info.pipeline_status != pq.PipelineStatus.OFF:
+            return False  # as PsycopgWriter's
+        refused: list[Exception] = []
+        async with conn.cursor() as cursor:
+            await cursor.execute(f"SAVEPOINT {STREAM_SAVEPOINT}")
+            try:
+                async with cursor.copy(_copy(names)) as copy:
+                    for block in copy_chunks(chunks, refused):
+                        await copy.write(block)
+            except Exception:
+                await cursor.execute(UNDO_STREAM)
+                raise
+            if refused:
+                await cursor.execute(UNDO_STREAM)
+                raise refused[0]
+            await cursor.execute(f"RELEASE SAVEPOINT {STREAM_SAVEPOINT}")
+        return True
 
     def joins_transaction(self, conn: psycopg.AsyncConnection) -> bool:
         return True  # as PsycopgWriter's

@@ -15,7 +15,7 @@ writer for) goes through SQLAlchemy's ``executemany``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import cache
 from typing import Any, Literal
 
@@ -26,7 +26,12 @@ from sqlalchemy.orm import Session
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
 from outboxer.message import Row
-from outboxer.writers import find_writer, insert_into
+from outboxer.writers import (
+    AsyncStreamingWriter,
+    SyncStreamingWriter,
+    find_writer,
+    insert_into,
+)
 from outboxer.writers.mysql import params as mysql_params
 from outboxer.writers.sqlite3 import params as sqlite_params
 
@@ -104,6 +109,21 @@ class SqlalchemyWriter:
         dialect = _dialect(connection)
         connection.execute(_insert(names, dialect), [_params(row, dialect) for row in rows])
 
+    def insert_chunks(
+        self, conn: Session | Connection, names: TableNames, chunks: Iterator[Sequence[Row]]
+    ) -> bool:
+        connection = conn.connection() if isinstance(conn, Session) else conn
+        found = find_writer(connection.connection.driver_connection)
+        if found is None:
+            return False
+        writer, driver = found
+        return (
+            isinstance(writer, SyncStreamingWriter)
+            and writer.is_async is False
+            and writer.joins_transaction(driver)
+            and writer.insert_chunks(driver, names, chunks)
+        )
+
     def joins_transaction(self, conn: Any) -> bool:
         return True  # never wrapped itself
 
@@ -135,6 +155,25 @@ class AsyncSqlalchemyWriter:
                 return
         dialect = _dialect(connection)
         await connection.execute(_insert(names, dialect), [_params(row, dialect) for row in rows])
+
+    async def insert_chunks(
+        self,
+        conn: AsyncSession | AsyncConnection,
+        names: TableNames,
+        chunks: Iterator[Sequence[Row]],
+    ) -> bool:
+        connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+        found = find_writer((await connection.get_raw_connection()).driver_connection)
+        if found is None:
+            return False
+        writer, driver = found
+        if not isinstance(writer, AsyncStreamingWriter) or writer.is_async is not True:
+            return False
+        if not writer.joins_transaction(driver):
+            await connection.exec_driver_sql("SELECT 1")  # begun on the database (see above)
+        return writer.joins_transaction(driver) and await writer.insert_chunks(
+            driver, names, chunks
+        )
 
     def joins_transaction(self, conn: Any) -> bool:
         return True  # never wrapped itself
