@@ -466,7 +466,16 @@ def mysql_value(value: Any) -> Any:
 
 @pytest.fixture(params=KINDS, ids=str)
 def database(request: pytest.FixtureRequest) -> Database:
-    kind: Kind = request.param
+    return _database(request, request.param)
+
+
+@pytest.fixture(params=[kind for kind in KINDS if kind.database != "sqlite"], ids=str)
+def streaming_database(request: pytest.FixtureRequest) -> Database:
+    """The kinds whose writer streams a long batch (``insert_chunks``): PostgreSQL's, MySQL's."""
+    return _database(request, request.param)
+
+
+def _database(request: pytest.FixtureRequest, kind: Kind) -> Database:
     if kind.database == "postgres":
         store = request.getfixturevalue("pg_store")
         url = request.getfixturevalue("pg_url")
@@ -742,6 +751,22 @@ async def test_a_message_refused_late_in_a_long_batch_writes_none_of_it(
             await tx.enqueue_many([twice, *good[1:2200], twice, *good[2200:]])
         after = await tx.enqueue_many(good)
     assert [r["id"] for r in await database.rows()] == [*before, *after]
+
+
+async def test_a_chunk_the_database_refuses_late_in_a_long_batch_writes_none_of_it(
+    streaming_database: Database,
+) -> None:
+    """The database itself refuses a later chunk of a streamed batch (an id stored before):
+    the chunks it stored are rolled back with it, and the caller's transaction stays usable."""
+    database = streaming_database
+    good = [{"topic": "t", "payload": {"n": n}} for n in range(2500)]
+    async with database.transaction() as tx:
+        [stored] = await tx.enqueue_many([GOOD])
+        with pytest.raises(Exception, match=r"(?i)duplicate|unique") as refused:
+            await tx.enqueue_many([*good[:2200], {**GOOD, "id": stored}, *good[2200:]])
+        assert not isinstance(refused.value, OutboxerError)  # the database's, not ours
+        after = await tx.enqueue_many(good)
+    assert [r["id"] for r in await database.rows()] == [stored, *after]
 
 
 @pytest.mark.parametrize("name", ['outbox"; DROP TABLE users; --', "1abc", "a b", "x" * 64, "ütf"])

@@ -39,6 +39,7 @@ __all__ = [
     "AsyncStreamingWriter",
     "AsyncWriter",
     "Known",
+    "STREAM_SAVEPOINT",
     "SyncStreamingWriter",
     "SyncWriter",
     "Writer",
@@ -49,6 +50,10 @@ __all__ = [
     "sync_writer",
     "writer_for",
 ]
+
+
+#: The savepoint a streamed batch (``insert_chunks``) rolls back to when a chunk is refused.
+STREAM_SAVEPOINT = "outboxer_enqueue_many"
 
 
 class SyncWriter(Protocol):

@@ -37,18 +37,27 @@ aiomysql, where ``UNHEX(%s)`` of its hex digits is the only way.
 
 Each writes in the connection's transaction: the drivers open one implicitly at the first
 statement unless the connection is in autocommit mode, where every statement commits on its own.
+
+A batch longer than ``Outbox.STREAM_CHUNK`` is streamed (``insert_chunks``): the server runs
+one chunk's ``INSERT`` while the client validates and writes the next (on the async drivers
+the statement goes out before the event loop is left to the next chunk's work; on the sync
+ones a worker thread waits for the server, the GIL released on the socket or in the C
+client), inside a savepoint that a refused message or a failed statement rolls back.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import cache
 from typing import Any, Literal
 
 from outboxer.config import TableNames
 from outboxer.message import Row
-from outboxer.writers import insert_into
+from outboxer.writers import STREAM_SAVEPOINT, insert_into
 
 __all__ = ["AIOMYSQL", "ASYNC", "SYNC", "AsyncMysqlWriter", "MysqlWriter", "params", "statements"]
 
@@ -130,6 +139,20 @@ def statements(
         yield _head(names) + ", ".join(values), large or None
 
 
+def _chunked_statements(
+    names: TableNames, chunks: Iterable[Sequence[Row]], *, escapes_bytes: bool = True
+) -> Iterator[tuple[str, list[bytes | str] | None]]:
+    """:func:`statements` of each chunk in turn, a chunk taken (validated) only when its first
+    statement is asked for."""
+    for chunk in chunks:
+        yield from statements(names, chunk, escapes_bytes=escapes_bytes)
+
+
+_SAVEPOINT = f"SAVEPOINT {STREAM_SAVEPOINT}"
+_RELEASE = f"RELEASE SAVEPOINT {STREAM_SAVEPOINT}"
+_UNDO = (f"ROLLBACK TO SAVEPOINT {STREAM_SAVEPOINT}", _RELEASE)  # one statement at a time
+
+
 def _connection(conn: Any) -> Any:
     """The connection of a cursor (the caller's cursor keeps its results), or ``conn``."""
     return conn.connection if hasattr(conn, "fetchone") else conn
@@ -147,6 +170,31 @@ class MysqlWriter:
         with _connection(conn).cursor() as cursor:
             for sql, parameters in statements(names, rows):
                 cursor.execute(sql, parameters)
+
+    def insert_chunks(self, conn: Any, names: TableNames, chunks: Iterator[Sequence[Row]]) -> bool:
+        connection = _connection(conn)
+        if connection.get_autocommit():
+            return False  # each statement commits on its own: no savepoint to undo a chunk
+        sent: Future[Any] | None = None
+        with connection.cursor() as cursor, ThreadPoolExecutor(1, "outboxer-mysql") as thread:
+            cursor.execute(_SAVEPOINT)
+            try:
+                for sql, parameters in _chunked_statements(names, chunks):
+                    # (this statement was written while the server ran the one before)
+                    if sent is not None:
+                        sent.result()
+                    sent = thread.submit(cursor.execute, sql, parameters)
+                if sent is not None:
+                    sent.result()
+            except BaseException:
+                if sent is not None:
+                    wait((sent,))  # one statement at a time on the connection
+                with contextlib.suppress(Exception):  # a lost connection: the first error tells
+                    for sql in _UNDO:
+                        cursor.execute(sql)
+                raise
+            cursor.execute(_RELEASE)
+        return True
 
     def joins_transaction(self, conn: Any) -> bool:
         # Outside autocommit mode the driver's connection is always in a transaction (MySQL
@@ -170,6 +218,35 @@ class AsyncMysqlWriter:
         async with _connection(conn).cursor() as cursor:
             for sql, parameters in statements(names, rows, escapes_bytes=self.escapes_bytes):
                 await cursor.execute(sql, parameters)
+
+    async def insert_chunks(
+        self, conn: Any, names: TableNames, chunks: Iterator[Sequence[Row]]
+    ) -> bool:
+        connection = _connection(conn)
+        if connection.get_autocommit():
+            return False  # as MysqlWriter's
+        sent: asyncio.Task[Any] | None = None
+        async with connection.cursor() as cursor:
+            await cursor.execute(_SAVEPOINT)
+            try:
+                for sql, parameters in _chunked_statements(
+                    names, chunks, escapes_bytes=self.escapes_bytes
+                ):
+                    if sent is not None:
+                        await sent
+                    sent = asyncio.create_task(cursor.execute(sql, parameters))
+                    await asyncio.sleep(0)  # sent: the next is written while the server runs it
+                if sent is not None:
+                    await sent
+            except BaseException:
+                if sent is not None:
+                    await asyncio.wait((sent,))
+                with contextlib.suppress(Exception):
+                    for sql in _UNDO:
+                        await cursor.execute(sql)
+                raise
+            await cursor.execute(_RELEASE)
+        return True
 
     def joins_transaction(self, conn: Any) -> bool:
         return not _connection(conn).get_autocommit()

@@ -18,6 +18,7 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 
 from outboxer.message import Row
+from outboxer.writers import STREAM_SAVEPOINT
 
 __all__ = ["COPIED", "STREAM_SAVEPOINT", "UNDO_STREAM", "copy_chunks", "copy_data"]
 
@@ -32,8 +33,6 @@ _NULL = _LENGTH(-1)
 _TRAILER = struct.pack("!h", -1)  # ... and -1 at the end.
 _JSONB_VERSION = b"\x01"  # a binary jsonb value is its text after a version byte
 _CHUNK_ROWS = 1000
-#: The savepoint a streamed batch (``insert_chunks``) rolls back to when a chunk is refused.
-STREAM_SAVEPOINT = "outboxer_enqueue_many"
 UNDO_STREAM = f"ROLLBACK TO SAVEPOINT {STREAM_SAVEPOINT}; RELEASE SAVEPOINT {STREAM_SAVEPOINT}"
 
 
