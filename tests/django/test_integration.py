@@ -75,6 +75,21 @@ def test_enqueue_commits_and_rolls_back_with_djangos_transaction(alias: str) -> 
 
 
 @db
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_long_batch_is_all_or_nothing_inside_atomic(alias: str) -> None:
+    """A batch longer than ``Outbox.STREAM_CHUNK`` goes to the driver's streaming writer
+    (PostgreSQL, MariaDB) when Django has a transaction open: a message refused in a late
+    chunk leaves none of the batch and Django's transaction usable."""
+    batch = [{"topic": "bulk", "payload": {"n": n}} for n in range(2500)]
+    with transaction.atomic(using=alias):
+        with pytest.raises(ConfigurationError, match=r"^message 2300: cannot serialize payload"):
+            enqueue_many([*batch[:2300], {"topic": "bulk", "payload": float("nan")}], using=alias)
+        ids = enqueue_many(batch, using=alias)
+    assert len(ids) == 2500
+    assert outbox_rows(alias) == [("bulk", None, None, f'{{"n":{n}}}') for n in range(2500)]
+
+
+@db
 def test_django_db_connection_is_the_default_alias_and_refuses_await() -> None:
     with transaction.atomic():
         outboxer.enqueue(connection, "orders", {"via": "django.db.connection"})

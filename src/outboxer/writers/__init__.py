@@ -47,6 +47,7 @@ __all__ = [
     "columns",
     "find_writer",
     "insert_into",
+    "stream_to_driver",
     "sync_writer",
     "writer_for",
 ]
@@ -218,6 +219,22 @@ def writer_for(conn: Any) -> tuple[Writer, Any]:
             "asyncmy or aiomysql connection"
         )
     return found
+
+
+def stream_to_driver(driver: Any, names: TableNames, chunks: Iterator[Sequence[Row]]) -> bool:
+    """``insert_chunks`` on the writer of a wrapper's (SQLAlchemy's, Django's) synchronous
+    driver connection, if that writer streams and the connection is in the wrapper's
+    transaction; else ``False``, nothing taken."""
+    found = find_writer(driver)
+    if found is None:
+        return False
+    writer, target = found
+    return (
+        isinstance(writer, SyncStreamingWriter)
+        and writer.is_async is False
+        and writer.joins_transaction(target)
+        and writer.insert_chunks(target, names, chunks)
+    )
 
 
 def insert_into(names: TableNames, values: str, quote: str = '"') -> str:

@@ -8,7 +8,8 @@ query logging like any statement of the application, and opens the connection if
 Many rows go to the writer of the driver underneath (psycopg 3: COPY; mysqlclient: multi-row
 INSERTs; sqlite3: ``executemany``), handed Django's own driver connection: Django manages the
 transaction on that connection (autocommit off inside ``atomic()``, or its explicit ``BEGIN``
-on SQLite), so the rows join it. A driver outboxer has no writer for (psycopg2) gets Django's
+on SQLite), so the rows join it; a long batch inside ``atomic()`` is streamed as there
+(``insert_chunks``). A driver outboxer has no writer for (psycopg2) gets Django's
 ``executemany``.
 
 Django's connections are synchronous: in an async view, run the whole transaction (ORM writes
@@ -18,7 +19,7 @@ docs/configuration.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import cache
 from typing import Any, Literal
 
@@ -27,7 +28,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
 from outboxer.message import Row
-from outboxer.writers import find_writer, insert_into
+from outboxer.writers import find_writer, insert_into, stream_to_driver
 from outboxer.writers.mysql import params as mysql_params
 from outboxer.writers.sqlite3 import params as sqlite_params
 
@@ -80,6 +81,12 @@ class DjangoWriter:
             cursor.executemany(
                 _insert(names, conn.vendor), [_params(row, conn.vendor) for row in rows]
             )
+
+    def insert_chunks(
+        self, conn: BaseDatabaseWrapper, names: TableNames, chunks: Iterator[Sequence[Row]]
+    ) -> bool:
+        conn.ensure_connection()
+        return stream_to_driver(conn.connection, names, chunks)
 
     def joins_transaction(self, conn: BaseDatabaseWrapper) -> bool:
         # Every statement on a Django connection runs in the transaction Django has open there.

@@ -26,12 +26,7 @@ from sqlalchemy.orm import Session
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
 from outboxer.message import Row
-from outboxer.writers import (
-    AsyncStreamingWriter,
-    SyncStreamingWriter,
-    find_writer,
-    insert_into,
-)
+from outboxer.writers import AsyncStreamingWriter, find_writer, insert_into, stream_to_driver
 from outboxer.writers.mysql import params as mysql_params
 from outboxer.writers.sqlite3 import params as sqlite_params
 
@@ -113,16 +108,7 @@ class SqlalchemyWriter:
         self, conn: Session | Connection, names: TableNames, chunks: Iterator[Sequence[Row]]
     ) -> bool:
         connection = conn.connection() if isinstance(conn, Session) else conn
-        found = find_writer(connection.connection.driver_connection)
-        if found is None:
-            return False
-        writer, driver = found
-        return (
-            isinstance(writer, SyncStreamingWriter)
-            and writer.is_async is False
-            and writer.joins_transaction(driver)
-            and writer.insert_chunks(driver, names, chunks)
-        )
+        return stream_to_driver(connection.connection.driver_connection, names, chunks)
 
     def joins_transaction(self, conn: Any) -> bool:
         return True  # never wrapped itself
