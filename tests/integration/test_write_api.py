@@ -475,6 +475,13 @@ def streaming_database(request: pytest.FixtureRequest) -> Database:
     return _database(request, request.param)
 
 
+@pytest.fixture(params=[kind for kind in KINDS if kind.database != "postgres"], ids=str)
+def lenient_database(request: pytest.FixtureRequest) -> Database:
+    """The kinds whose transaction goes on after a failed statement (SQLite's, MySQL's; on
+    PostgreSQL it is aborted, so nothing of it can commit)."""
+    return _database(request, request.param)
+
+
 def _database(request: pytest.FixtureRequest, kind: Kind) -> Database:
     if kind.database == "postgres":
         store = request.getfixturevalue("pg_store")
@@ -767,6 +774,27 @@ async def test_a_chunk_the_database_refuses_late_in_a_long_batch_writes_none_of_
         assert not isinstance(refused.value, OutboxerError)  # the database's, not ours
         after = await tx.enqueue_many(good)
     assert [r["id"] for r in await database.rows()] == [stored, *after]
+
+
+async def test_a_batch_the_database_refuses_in_part_writes_none_of_it(
+    lenient_database: Database,
+) -> None:
+    """A short batch (one statement, or one per row on SQLite) with an id stored before: the
+    database refuses it, and the rows before that one go too, in a transaction that goes on."""
+    database = lenient_database
+    async with database.transaction() as tx:
+        [stored] = await tx.enqueue_many([GOOD])
+    refused = [GOOD, GOOD, {**GOOD, "id": stored}, GOOD]
+    async with database.transaction() as tx:
+        # as the transaction's first statement (SQLite's module begins it for the INSERT)
+        with pytest.raises(Exception, match=r"(?i)duplicate|unique") as error:
+            await tx.enqueue_many(refused)
+        assert not isinstance(error.value, OutboxerError)  # the database's, not ours
+        before = await tx.enqueue(**GOOD)
+        with pytest.raises(Exception, match=r"(?i)duplicate|unique"):
+            await tx.enqueue_many(refused)  # within the transaction
+        after = await tx.enqueue_many([GOOD, GOOD])
+    assert [r["id"] for r in await database.rows()] == [stored, before, *after]
 
 
 @pytest.mark.parametrize("name", ['outbox"; DROP TABLE users; --', "1abc", "a b", "x" * 64, "ütf"])

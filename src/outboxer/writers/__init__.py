@@ -39,7 +39,10 @@ __all__ = [
     "AsyncStreamingWriter",
     "AsyncWriter",
     "Known",
+    "RELEASE_SAVEPOINT",
+    "SET_SAVEPOINT",
     "STREAM_SAVEPOINT",
+    "UNDO_SAVEPOINT",
     "SyncStreamingWriter",
     "SyncWriter",
     "Writer",
@@ -53,8 +56,14 @@ __all__ = [
 ]
 
 
-#: The savepoint a streamed batch (``insert_chunks``) rolls back to when a chunk is refused.
+#: The savepoint a batch (``insert_chunks``, or an ``insert_many`` of several statements) rolls
+#: back to when a part of it is refused, so that none of it stays in the caller's transaction;
+#: with the statements that set it, release it and undo it (one statement each: MySQL and
+#: SQLite take one at a time).
 STREAM_SAVEPOINT = "outboxer_enqueue_many"
+SET_SAVEPOINT = f"SAVEPOINT {STREAM_SAVEPOINT}"
+RELEASE_SAVEPOINT = f"RELEASE SAVEPOINT {STREAM_SAVEPOINT}"
+UNDO_SAVEPOINT = (f"ROLLBACK TO SAVEPOINT {STREAM_SAVEPOINT}", RELEASE_SAVEPOINT)
 
 
 class SyncWriter(Protocol):

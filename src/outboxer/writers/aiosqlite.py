@@ -9,7 +9,8 @@ import aiosqlite
 
 from outboxer.config import TableNames
 from outboxer.message import Row
-from outboxer.writers.sqlite3 import insert_sql, params
+from outboxer.writers import RELEASE_SAVEPOINT, SET_SAVEPOINT, UNDO_SAVEPOINT
+from outboxer.writers.sqlite3 import begins_or_in_transaction, insert_sql, params
 
 __all__ = ["ASYNC", "AiosqliteWriter"]
 
@@ -24,12 +25,26 @@ class AiosqliteWriter:
         await conn.execute(insert_sql(names), params(row))
 
     async def insert_many(self, conn: Any, names: TableNames, rows: Sequence[Row]) -> None:
-        # One hop to aiosqlite's thread for the whole batch.
-        await conn.executemany(insert_sql(names), [params(row) for row in rows])
+        # One hop to aiosqlite's thread for the whole batch, in a savepoint as sqlite3's.
+        connection = conn.connection if isinstance(conn, aiosqlite.Cursor) else conn
+        began = not connection.in_transaction
+        if not began:
+            await conn.execute(SET_SAVEPOINT)
+        try:
+            await conn.executemany(insert_sql(names), [params(row) for row in rows])
+        except BaseException:
+            if not began:
+                for sql in UNDO_SAVEPOINT:
+                    await conn.execute(sql)
+            elif connection.in_transaction:  # (a cursor's is the sqlite3 connection)
+                await conn.execute("ROLLBACK")
+            raise
+        if not began:
+            await conn.execute(RELEASE_SAVEPOINT)
 
     def joins_transaction(self, conn: Any) -> bool:
         connection = conn.connection if isinstance(conn, aiosqlite.Cursor) else conn
-        return bool(connection.in_transaction)
+        return begins_or_in_transaction(connection)
 
 
 ASYNC = AiosqliteWriter()

@@ -57,7 +57,7 @@ from typing import Any, Literal
 
 from outboxer.config import TableNames
 from outboxer.message import Row
-from outboxer.writers import STREAM_SAVEPOINT, insert_into
+from outboxer.writers import RELEASE_SAVEPOINT, SET_SAVEPOINT, UNDO_SAVEPOINT, insert_into
 
 __all__ = ["AIOMYSQL", "ASYNC", "SYNC", "AsyncMysqlWriter", "MysqlWriter", "params", "statements"]
 
@@ -148,11 +148,6 @@ def _chunked_statements(
         yield from statements(names, chunk, escapes_bytes=escapes_bytes)
 
 
-_SAVEPOINT = f"SAVEPOINT {STREAM_SAVEPOINT}"
-_RELEASE = f"RELEASE SAVEPOINT {STREAM_SAVEPOINT}"
-_UNDO = (f"ROLLBACK TO SAVEPOINT {STREAM_SAVEPOINT}", _RELEASE)  # one statement at a time
-
-
 def _connection(conn: Any) -> Any:
     """The connection of a cursor (the caller's cursor keeps its results), or ``conn``."""
     return conn.connection if hasattr(conn, "fetchone") else conn
@@ -177,7 +172,7 @@ class MysqlWriter:
             return False  # each statement commits on its own: no savepoint to undo a chunk
         sent: Future[Any] | None = None
         with connection.cursor() as cursor, ThreadPoolExecutor(1, "outboxer-mysql") as thread:
-            cursor.execute(_SAVEPOINT)
+            cursor.execute(SET_SAVEPOINT)
             try:
                 for sql, parameters in _chunked_statements(names, chunks):
                     # (this statement was written while the server ran the one before)
@@ -190,10 +185,10 @@ class MysqlWriter:
                 if sent is not None:
                     wait((sent,))  # one statement at a time on the connection
                 with contextlib.suppress(Exception):  # a lost connection: the first error tells
-                    for sql in _UNDO:
+                    for sql in UNDO_SAVEPOINT:
                         cursor.execute(sql)
                 raise
-            cursor.execute(_RELEASE)
+            cursor.execute(RELEASE_SAVEPOINT)
         return True
 
     def joins_transaction(self, conn: Any) -> bool:
@@ -227,7 +222,7 @@ class AsyncMysqlWriter:
             return False  # as MysqlWriter's
         sent: asyncio.Task[Any] | None = None
         async with connection.cursor() as cursor:
-            await cursor.execute(_SAVEPOINT)
+            await cursor.execute(SET_SAVEPOINT)
             try:
                 for sql, parameters in _chunked_statements(
                     names, chunks, escapes_bytes=self.escapes_bytes
@@ -242,10 +237,10 @@ class AsyncMysqlWriter:
                 if sent is not None:
                     await asyncio.wait((sent,))
                 with contextlib.suppress(Exception):
-                    for sql in _UNDO:
+                    for sql in UNDO_SAVEPOINT:
                         await cursor.execute(sql)
                 raise
-            await cursor.execute(_RELEASE)
+            await cursor.execute(RELEASE_SAVEPOINT)
         return True
 
     def joins_transaction(self, conn: Any) -> bool:

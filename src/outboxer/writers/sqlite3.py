@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from outboxer.config import TableNames
 from outboxer.message import Row
-from outboxer.writers import insert_into
+from outboxer.writers import RELEASE_SAVEPOINT, SET_SAVEPOINT, UNDO_SAVEPOINT, insert_into
 
-__all__ = ["SYNC", "Sqlite3Writer", "insert_sql", "params"]
+__all__ = ["SYNC", "Sqlite3Writer", "begins_or_in_transaction", "insert_sql", "params"]
 
 _NOW = "(julianday('now') - 2440587.5) * 86400.0"
 
@@ -33,6 +33,14 @@ def params(row: Row) -> tuple[Any, ...]:
     return (*row[:7], row.available_at.timestamp())
 
 
+def begins_or_in_transaction(connection: Any) -> bool:
+    """Whether an INSERT on a sqlite3 (or aiosqlite) connection runs in a transaction: one is
+    open, or the module's legacy transaction control (SQLAlchemy's, by default) begins one
+    before the INSERT, the transaction a wrapper such as SQLAlchemy counts as open."""
+    legacy = getattr(connection, "autocommit", -1) == -1  # (Python 3.12's LEGACY_…_CONTROL)
+    return bool(connection.in_transaction) or (legacy and connection.isolation_level is not None)
+
+
 class Sqlite3Writer:
     """``sqlite3.Connection`` or ``Cursor``: in its transaction (the module opens one
     implicitly before an INSERT unless the connection is in autocommit mode)."""
@@ -47,12 +55,29 @@ class Sqlite3Writer:
     def insert_many(
         self, conn: sqlite3.Connection | sqlite3.Cursor, names: TableNames, rows: Sequence[Row]
     ) -> None:
-        # In process, no round trips: executemany is as fast as SQLite gets.
-        conn.executemany(insert_sql(names), map(params, rows))
+        # In process, no round trips: executemany is as fast as SQLite gets. But it runs the
+        # INSERT once per row, and a row the database refuses (an id stored before) leaves the
+        # rows before it: a savepoint undoes them (or, when the module began the transaction
+        # for this statement, a rollback).
+        connection = conn.connection if isinstance(conn, sqlite3.Cursor) else conn
+        began = not connection.in_transaction
+        if not began:
+            conn.execute(SET_SAVEPOINT)
+        try:
+            conn.executemany(insert_sql(names), map(params, rows))
+        except BaseException:
+            if not began:
+                for sql in UNDO_SAVEPOINT:
+                    conn.execute(sql)
+            elif connection.in_transaction:
+                connection.rollback()  # a transaction of these rows alone
+            raise
+        if not began:
+            conn.execute(RELEASE_SAVEPOINT)
 
     def joins_transaction(self, conn: sqlite3.Connection | sqlite3.Cursor) -> bool:
         connection = conn.connection if isinstance(conn, sqlite3.Cursor) else conn
-        return connection.in_transaction
+        return begins_or_in_transaction(connection)
 
 
 SYNC = Sqlite3Writer()
