@@ -90,6 +90,33 @@ def test_a_long_batch_is_all_or_nothing_inside_atomic(alias: str) -> None:
 
 
 @db
+def test_a_payload_over_max_allowed_packet_is_refused_and_the_transaction_goes_on() -> None:
+    """On MariaDB a statement over ``max_allowed_packet`` makes the server drop the connection,
+    and Django's transaction with it: a large row goes to the driver's writer, which refuses it
+    before sending it (one byte over the server's own limit: without the check, the server
+    would refuse it); a 2 MiB payload is written whole."""
+    with connections["mariadb"].cursor() as cursor:
+        cursor.execute("SELECT @@max_allowed_packet")
+        (limit,) = cursor.fetchone()
+    huge, two_mib = b"x" * (limit + 1), bytes(range(256)) * (2 << 12)
+    over = (
+        rf"payload of {limit + 1:,} bytes makes a statement of up to [\d,]+ bytes, over the "
+        rf"server's max_allowed_packet of {limit:,}"
+    )
+    with transaction.atomic(using="mariadb"):
+        kept = [enqueue("orders", {"n": 1}, using="mariadb")]
+        with pytest.raises(ConfigurationError, match=f"^{over}"):
+            enqueue("orders", huge, using="mariadb")
+        with pytest.raises(ConfigurationError, match=f"^message 1: {over}"):
+            enqueue_many([{"topic": "orders", "payload": p} for p in (b"", huge)], using="mariadb")
+        kept.append(enqueue("orders", two_mib, using="mariadb"))
+    with connections["mariadb"].cursor() as cursor:
+        cursor.execute("SELECT id, payload FROM outbox ORDER BY seq")
+        stored = [(_text(id_), bytes(payload)) for id_, payload in cursor.fetchall()]
+    assert stored == [(kept[0], b'{"n":1}'), (kept[1], two_mib)]
+
+
+@db
 def test_django_db_connection_is_the_default_alias_and_refuses_await() -> None:
     with transaction.atomic():
         outboxer.enqueue(connection, "orders", {"via": "django.db.connection"})

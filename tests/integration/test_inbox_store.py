@@ -816,3 +816,62 @@ class TestMysqlInbox(InboxStoreContract):
             return [f"{r['consumer']}:{r['message_id']}" for r in rows]
 
         return Effects(record, read)
+
+    async def test_a_failed_payload_over_max_allowed_packet_is_dead_lettered_without_it(
+        self, store: Any, effects: Effects
+    ) -> None:
+        """A failed message whose payload makes a statement over the server's
+        ``max_allowed_packet`` is stored without it, dead at once (it can never be handled
+        again without its payload), the reason saying why; the batch commits. Before, the
+        server refused the failure row, the batch failed with StoreError, and the broker
+        delivered it again, forever. One byte over the limit, or half of it in bytes asyncmy
+        escapes as two: both payloads the server would refuse; 2 MiB is stored and re-driven."""
+        [row] = await store.execute("SELECT @@max_allowed_packet AS packet")
+        limit = int(row["packet"])
+        huge = dataclasses.replace(message(1), payload=b"x" * (limit + 1))
+        half = dataclasses.replace(message(2, key="k"), payload=b"'" * (limit // 2 + 1))
+        fits = dataclasses.replace(message(3), payload=bytes(range(256)) * (2 << 12))
+        failing = effects.handler(fail=lambda m, attempt: m.id != "m-4" and attempt == 1)
+        payloads: dict[tuple[str, int], int] = {}  # (id, attempt): the payload's length
+
+        async def handler(message: Message, connection: Any, attempt: int) -> None:
+            payloads[message.id, attempt] = len(message.payload)
+            await failing(message, connection, attempt)
+
+        def judge(message: Message, attempts: int, error: Exception) -> ConsumeFailure:
+            return ConsumeFailure(f"failed: {error}", None if message.id == "m-1" else 0.05)
+
+        outcomes = await store.consume(
+            "c", [huge, half, fits, message(4)], handler, on_failure=judge, retention_seconds=60
+        )
+        assert (outcomes[0], *outcomes[2:]) == ("dead", "retrying", "handled")
+        reason = "failed: handler failed on attempt 1; payload of {:,} bytes over "
+        reason += f"max_allowed_packet ({limit:,}); not stored"
+        failures = await store.execute(
+            "SELECT message_id, state, LENGTH(payload) AS n, last_error FROM {inbox_failures} "
+            "ORDER BY message_id"
+        )
+        assert [tuple(f.values()) for f in failures] == [
+            ("m-1", "dead", 0, reason.format(limit + 1)),
+            ("m-2", "dead", 0, reason.format(limit // 2 + 1)),
+            ("m-3", "retrying", len(fits.payload), "failed: handler failed on attempt 1"),
+        ]
+        dead = await store.execute(
+            "SELECT id, LENGTH(payload) AS n, failure_reason FROM {dead_letters} ORDER BY id"
+        )
+        assert [tuple(d.values()) for d in dead] == [
+            ("m-1", 0, reason.format(limit + 1)),
+            ("m-2", 0, reason.format(limit // 2 + 1)),
+        ]
+        await asyncio.sleep(0.1)
+        redriven = await store.redrive_consume_failures(
+            "c", handler, on_failure=judge, retention_seconds=60, limit=10
+        )
+        assert redriven == ["handled"]  # nothing else is due
+        assert payloads == {
+            ("m-1", 1): limit + 1,
+            ("m-2", 1): limit // 2 + 1,
+            ("m-3", 1): 2 << 20,
+            ("m-4", 1): len(message(4).payload),
+            ("m-3", 2): 2 << 20,  # re-driven with its payload whole
+        }

@@ -482,6 +482,12 @@ def lenient_database(request: pytest.FixtureRequest) -> Database:
     return _database(request, request.param)
 
 
+@pytest.fixture(params=[kind for kind in KINDS if kind.database == "mysql"], ids=str)
+def mysql_kind(request: pytest.FixtureRequest) -> Database:
+    """The MySQL/MariaDB kinds: their writers check a large statement against the server."""
+    return _database(request, request.param)
+
+
 def _database(request: pytest.FixtureRequest, kind: Kind) -> Database:
     if kind.database == "postgres":
         store = request.getfixturevalue("pg_store")
@@ -779,8 +785,9 @@ async def test_a_chunk_the_database_refuses_late_in_a_long_batch_writes_none_of_
 async def test_a_batch_the_database_refuses_in_part_writes_none_of_it(
     lenient_database: Database,
 ) -> None:
-    """A short batch (one statement, or one per row on SQLite) with an id stored before: the
-    database refuses it, and the rows before that one go too, in a transaction that goes on."""
+    """A short batch (one statement, one per row on SQLite, one per large row on MySQL) with an
+    id stored before: the database refuses it, and the rows before that one go too, in a
+    transaction that goes on."""
     database = lenient_database
     async with database.transaction() as tx:
         [stored] = await tx.enqueue_many([GOOD])
@@ -793,8 +800,82 @@ async def test_a_batch_the_database_refuses_in_part_writes_none_of_it(
         before = await tx.enqueue(**GOOD)
         with pytest.raises(Exception, match=r"(?i)duplicate|unique"):
             await tx.enqueue_many(refused)  # within the transaction
+        # rows of 600 kB: a statement each on MySQL, the third refused after two were stored
+        bulky = {"topic": "t", "payload": b"\x00x" * 300_000}
+        with pytest.raises(Exception, match=r"(?i)duplicate|unique"):
+            await tx.enqueue_many([bulky, bulky, {**GOOD, "id": stored}])
         after = await tx.enqueue_many([GOOD, GOOD])
     assert [r["id"] for r in await database.rows()] == [stored, before, *after]
+
+
+async def max_allowed_packet(database: Database) -> int:
+    [row] = await database.store.execute("SELECT @@max_allowed_packet AS packet")
+    return int(row["packet"])
+
+
+def escaped(size: int) -> bytes:
+    """``size`` bytes that the drivers escaping a parameter send as two bytes each (PyMySQL
+    and aiomysql send every byte as two hex digits)."""
+    return (b"'\"\\\x00\n\r\x1a" * (size // 7 + 1))[:size]
+
+
+def refusal(payload: int, limit: int) -> str:
+    """The pattern of the refusal of a payload of ``payload`` bytes."""
+    return (
+        rf"payload of {payload:,} bytes makes a statement of up to [\d,]+ bytes, over the "
+        rf"server's max_allowed_packet of {limit:,}; raise max_allowed_packet or send large "
+        r"payloads by reference$"
+    )
+
+
+async def test_a_payload_over_max_allowed_packet_is_refused_and_changes_nothing(
+    mysql_kind: Database,
+) -> None:
+    """MariaDB drops the connection on a statement over ``max_allowed_packet``, and with it
+    the caller's transaction: the writer refuses the message before sending anything of its
+    batch (streamed: the chunks sent before are rolled back), and the transaction goes on.
+
+    The limit is the server's own, read, not lowered (``SET GLOBAL`` would change it under the
+    tests running in parallel), and each payload refused here is one the server would refuse:
+    one byte over the limit, or half of it escaped (twice its size, and the SQL around)."""
+    database = mysql_kind
+    limit = await max_allowed_packet(database)
+    huge, half = b"x" * (limit + 1), escaped(limit // 2)
+    good = [{"topic": "t", "payload": {"n": n}} for n in range(2500)]
+    async with database.transaction() as tx:
+        kept = [await tx.enqueue("t", {"good": 1})]
+        for payload in (huge, half):
+            with pytest.raises(ConfigurationError, match=f"^{refusal(len(payload), limit)}"):
+                await tx.enqueue("t", payload)
+        with pytest.raises(ConfigurationError, match=f"^message 1: {refusal(len(huge), limit)}"):
+            await tx.enqueue_many([GOOD, {"topic": "t", "payload": huge}, GOOD])
+        with pytest.raises(ConfigurationError, match=f"^message 2300: {refusal(len(huge), limit)}"):
+            await tx.enqueue_many([*good[:2300], {"topic": "t", "payload": huge}, *good[2300:]])
+        kept.append(await tx.enqueue("t", {"good": 2}))
+    assert [r["id"] for r in await database.rows()] == kept
+
+
+async def test_a_payload_that_fits_max_allowed_packet_is_written_whole(
+    mysql_kind: Database,
+) -> None:
+    """A payload just under what the check refuses, of bytes that the drivers send as two
+    each, reaches the server and is stored whole (the check's estimate of the statement is not
+    smaller than what the driver sends, nor much larger); payloads of 2 MiB, a statement over
+    one chunk of SQL, are not refused, nor are their neighbours in the batch."""
+    database = mysql_kind
+    limit = await max_allowed_packet(database)
+    largest = escaped((limit - 2048) // 2)  # (twice its size, the SQL and the margin: fits)
+    two_mib = bytes(range(256)) * (2 << 12)
+    async with database.transaction() as tx:
+        ids = [
+            await tx.enqueue("t", largest),
+            *await tx.enqueue_many([GOOD, {"topic": "t", "payload": two_mib}, GOOD]),
+            await tx.enqueue("t", two_mib),
+        ]
+    rows = await database.rows()
+    assert [r["id"] for r in rows] == ids
+    fine = b'{"fine":true}'
+    assert [r["payload"] for r in rows] == [largest, fine, two_mib, fine, two_mib]
 
 
 @pytest.mark.parametrize("name", ['outbox"; DROP TABLE users; --', "1abc", "a b", "x" * 64, "ütf"])

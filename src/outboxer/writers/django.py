@@ -3,7 +3,11 @@ MySQL or MariaDB.
 
 One row goes through Django's cursor (``connection.cursor()``): it runs in the transaction
 Django has open (``transaction.atomic()`` on that alias), through Django's execute wrappers and
-query logging like any statement of the application, and opens the connection if needed.
+query logging like any statement of the application, and opens the connection if needed; except
+a large row on MySQL/MariaDB (:func:`outboxer.writers.mysql.is_large`), which goes to the
+driver's writer as many rows do: it checks the statement against the server's
+``max_allowed_packet``, over which the server would drop the connection and the transaction
+with it.
 
 Many rows go to the writer of the driver underneath (psycopg 3: COPY; mysqlclient: multi-row
 INSERTs; sqlite3: ``executemany``), handed Django's own driver connection: Django manages the
@@ -29,6 +33,7 @@ from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
 from outboxer.message import Row
 from outboxer.writers import find_writer, insert_into, stream_to_driver
+from outboxer.writers.mysql import is_large
 from outboxer.writers.mysql import params as mysql_params
 from outboxer.writers.sqlite3 import params as sqlite_params
 
@@ -66,6 +71,12 @@ class DjangoWriter:
     is_async: Literal[False] = False
 
     def insert(self, conn: BaseDatabaseWrapper, names: TableNames, row: Row) -> None:
+        if conn.vendor == "mysql" and is_large(row):
+            conn.ensure_connection()
+            found = find_writer(conn.connection)
+            if found is not None and found[0].is_async is False:
+                found[0].insert(found[1], names, row)
+                return
         with conn.cursor() as cursor:
             cursor.execute(_insert(names, conn.vendor), _params(row, conn.vendor))
 

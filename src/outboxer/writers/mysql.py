@@ -31,9 +31,18 @@ PyMySQL 1.2 raises ``TypeError``), a path of its own. The price: a server's quer
 hex digits, not text.
 
 Hex doubles a payload's size, and a statement must fit the server's ``max_allowed_packet``
-(16 MB by default on MariaDB, 64 MB on MySQL 8): a payload over :data:`_LITERAL_BYTES` travels
-as a ``%s`` parameter instead (the driver escapes it to about its own size), except through
-aiomysql, where ``UNHEX(%s)`` of its hex digits is the only way.
+(16 MiB by default on MariaDB, 64 MiB on MySQL 8): a payload over :data:`LITERAL_BYTES` travels
+as a ``%s`` parameter instead, except through aiomysql, where ``UNHEX(%s)`` of its hex digits is
+the only way. Either way it may cost the statement twice its size (PyMySQL 1.2 sends ``bytes``
+as ``_binary X'…'``; asyncmy and mysqlclient escape ``\0 \n \r \\ ' " \x1a`` as two bytes).
+
+A statement over ``max_allowed_packet`` makes the server drop the connection, and with it the
+caller's transaction. A chunk therefore ends before it would pass :data:`_CHUNK_BYTES`, so
+only a statement of one large row can be larger; for such a statement (and only then: one round
+trip) the writer asks the server its ``max_allowed_packet`` and refuses the message with
+ConfigurationError, before sending anything of the batch (``insert_many``) or inside the
+streamed batch's savepoint, which is rolled back (``insert_chunks``): the caller's transaction
+stays usable.
 
 Each writes in the connection's transaction: the drivers open one implicitly at the first
 statement unless the connection is in autocommit mode, where every statement commits on its own.
@@ -53,22 +62,48 @@ import datetime as dt
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import cache
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from outboxer.config import TableNames
+from outboxer.errors import ConfigurationError
 from outboxer.message import Row
 from outboxer.writers import RELEASE_SAVEPOINT, SET_SAVEPOINT, UNDO_SAVEPOINT, insert_into
 
-__all__ = ["AIOMYSQL", "ASYNC", "SYNC", "AsyncMysqlWriter", "MysqlWriter", "params", "statements"]
+__all__ = [
+    "AIOMYSQL",
+    "ASYNC",
+    "LITERAL_BYTES",
+    "SYNC",
+    "AsyncMysqlWriter",
+    "MysqlWriter",
+    "Statement",
+    "is_large",
+    "params",
+    "statements",
+]
 
-#: A chunk of ``insert_many`` ends after this many rows or bytes of SQL, whichever is first (the
-#: server refuses a statement larger than ``max_allowed_packet``). 100 and 10,000 rows per
-#: statement cost the server the same per row as 1,000.
+#: A chunk of ``insert_many`` ends before this many rows or bytes of SQL, whichever comes first
+#: (the server refuses a statement larger than ``max_allowed_packet``, 4 MiB or more by default
+#: since MySQL 5.6). 100 and 10,000 rows per statement cost the server the same per row as 1,000.
 _CHUNK_ROWS = 1000
 _CHUNK_BYTES = 1 << 20
 #: A payload longer than this goes as a driver parameter rather than a hex literal twice its
 #: size (see the module docstring).
-_LITERAL_BYTES = 1 << 16
+LITERAL_BYTES = 1 << 16
+#: What a driver adds to a parameter besides its (at most doubled) bytes: quotes and
+#: ``_binary X``.
+_PARAMETER_BYTES = 16
+#: Room left under ``max_allowed_packet`` for what the protocol adds to the statement (the
+#: command byte; the server refuses a statement one byte short of the limit: measured on
+#: MariaDB 10.11).
+_PACKET_MARGIN = 1024
+_MAX_ALLOWED_PACKET = "SELECT @@max_allowed_packet"
+
+
+def is_large(row: Row) -> bool:
+    """Whether ``row`` may make a statement too large for the server: the writers that send a
+    row through an ORM's statement hand such a row to this module's, which checks it."""
+    return len(row.payload) + len(row.headers) > LITERAL_BYTES
 
 
 def params(row: Row, *, hex_payload: bool = False) -> tuple[Any, ...]:
@@ -99,53 +134,107 @@ def _head(names: TableNames) -> str:
     return insert_into(names, "VALUES ", quote="`")
 
 
+class Statement(NamedTuple):
+    """One multi-row INSERT of :func:`statements`.
+
+    Attributes:
+        sql: The statement, ``%s`` where a large payload goes.
+        parameters: The large payloads, ``None`` if none.
+        size: At most how many bytes the driver sends (the SQL with the parameters escaped).
+        first: The position in the batch of its first row.
+        row: Its first row: the only one when ``size`` is over :data:`_CHUNK_BYTES`.
+    """
+
+    sql: str
+    parameters: list[bytes | str] | None
+    size: int
+    first: int
+    row: Row
+
+
 def statements(
-    names: TableNames, rows: Sequence[Row], *, escapes_bytes: bool = True
-) -> Iterator[tuple[str, list[bytes | str] | None]]:
-    """The multi-row INSERTs that write ``rows`` in order: ``(sql, parameters)``, the
-    parameters ``None`` unless a large payload goes as one (``escapes_bytes``: the driver can
-    escape a ``bytes`` parameter, which aiomysql cannot)."""
+    names: TableNames, rows: Sequence[Row], *, escapes_bytes: bool = True, first: int = 0
+) -> Iterator[Statement]:
+    """The multi-row INSERTs that write ``rows`` in order (``escapes_bytes``: the driver can
+    escape a ``bytes`` parameter, which aiomysql cannot; ``first``: the position of ``rows[0]``
+    in the batch)."""
     # Topics, types, content types, headers and keys repeat within a batch: each written once.
     text = _Literals()
+    head = _head(names)
     values: list[str] = []
     large: list[bytes | str] = []
-    size = 0
-    for row in rows:
+    size = len(head)
+    start = first  # the position of the chunk's first row
+    for n, row in enumerate(rows, first):
         if row.available_at is None:
             available_at = "DEFAULT"
         else:
             available_at = f"'{_naive_utc(row.available_at).isoformat(' ')}'"
-        if len(row.payload) <= _LITERAL_BYTES:
+        parameter: bytes | str | None = None
+        row_size = 2  # (", ")
+        if len(row.payload) <= LITERAL_BYTES:
             payload = f"X'{row.payload.hex()}'"
-        elif escapes_bytes:
-            payload = "%s"
-            large.append(row.payload)
-            size += 2 * len(row.payload)  # (escaped: at most twice its size)
         else:
-            payload = "UNHEX(%s)"
-            large.append(row.payload.hex())
-            size += 2 * len(row.payload)
+            payload, parameter = (
+                ("%s", row.payload) if escapes_bytes else ("UNHEX(%s)", row.payload.hex())
+            )
+            row_size += 2 * len(row.payload) + _PARAMETER_BYTES  # (escaped or hex: at most 2×)
         value = (
             f"(X'{row.id.encode().hex()}', {text[row.topic]}, {text[row.key]}, "
             f"{text[row.type]}, {payload}, {text[row.content_type]}, {text[row.headers]}, "
             f"{available_at})"
         )
+        row_size += len(value)
+        # End the chunk before this row would take it over the limit, so that a statement
+        # over _CHUNK_BYTES holds one row: the one to name if the server cannot take it.
+        if values and (len(values) == _CHUNK_ROWS or size + row_size > _CHUNK_BYTES):
+            yield Statement(
+                head + ", ".join(values), large or None, size, start, rows[start - first]
+            )
+            values, large, size, start = [], [], len(head), n
         values.append(value)
-        size += len(value) + 2
-        if len(values) == _CHUNK_ROWS or size >= _CHUNK_BYTES:
-            yield _head(names) + ", ".join(values), large or None
-            values, large, size = [], [], 0
+        if parameter is not None:
+            large.append(parameter)
+        size += row_size
     if values:
-        yield _head(names) + ", ".join(values), large or None
+        yield Statement(head + ", ".join(values), large or None, size, start, rows[start - first])
 
 
 def _chunked_statements(
     names: TableNames, chunks: Iterable[Sequence[Row]], *, escapes_bytes: bool = True
-) -> Iterator[tuple[str, list[bytes | str] | None]]:
+) -> Iterator[Statement]:
     """:func:`statements` of each chunk in turn, a chunk taken (validated) only when its first
     statement is asked for."""
+    first = 0
     for chunk in chunks:
-        yield from statements(names, chunk, escapes_bytes=escapes_bytes)
+        yield from statements(names, chunk, escapes_bytes=escapes_bytes, first=first)
+        first += len(chunk)
+
+
+def _needs_limit(statement: Statement) -> bool:
+    """Whether ``statement`` is large enough to be checked against the server's
+    ``max_allowed_packet`` (which costs a round trip to read)."""
+    return statement.size > _CHUNK_BYTES
+
+
+def _check(statement: Statement, max_allowed_packet: int, *, numbered: bool) -> None:
+    """Refuse ``statement`` if the server would drop the connection on it (and with it the
+    caller's transaction). ``numbered``: part of a batch, whose messages are named by position.
+
+    Raises:
+        ConfigurationError: the statement (then of one row) is over ``max_allowed_packet``.
+    """
+    if statement.size + _PACKET_MARGIN <= max_allowed_packet:
+        return
+    row = statement.row
+    what = f"payload of {len(row.payload):,} bytes makes"
+    if len(row.headers) > LITERAL_BYTES:
+        what = f"payload of {len(row.payload):,} bytes and headers of {len(row.headers):,} make"
+    raise ConfigurationError(
+        f"{f'message {statement.first}: ' if numbered else ''}{what} a statement of up to "
+        f"{statement.size:,} bytes, over the server's max_allowed_packet of "
+        f"{max_allowed_packet:,}; raise max_allowed_packet or send large payloads by reference"
+    )
 
 
 def _connection(conn: Any) -> Any:
@@ -159,26 +248,53 @@ class MysqlWriter:
     is_async: Literal[False] = False
 
     def insert(self, conn: Any, names: TableNames, row: Row) -> None:
-        self.insert_many(conn, names, (row,))
+        self._insert(conn, names, (row,), numbered=False)
 
     def insert_many(self, conn: Any, names: TableNames, rows: Sequence[Row]) -> None:
-        with _connection(conn).cursor() as cursor:
-            for sql, parameters in statements(names, rows):
-                cursor.execute(sql, parameters)
+        self._insert(conn, names, rows, numbered=True)
+
+    def _insert(self, conn: Any, names: TableNames, rows: Sequence[Row], *, numbered: bool) -> None:
+        connection = _connection(conn)
+        batch = list(statements(names, rows))
+        if len(batch) > 1 and not connection.get_autocommit():
+            self._stream(connection, iter(batch))  # all or none, as a streamed batch
+            return
+        large = [statement for statement in batch if _needs_limit(statement)]
+        with connection.cursor() as cursor:
+            if large:  # every statement checked before the first is sent: all or nothing
+                cursor.execute(_MAX_ALLOWED_PACKET)
+                (max_allowed_packet,) = cursor.fetchone()
+                for statement in large:
+                    _check(statement, max_allowed_packet, numbered=numbered)
+            for statement in batch:
+                cursor.execute(statement.sql, statement.parameters)
 
     def insert_chunks(self, conn: Any, names: TableNames, chunks: Iterator[Sequence[Row]]) -> bool:
         connection = _connection(conn)
         if connection.get_autocommit():
             return False  # each statement commits on its own: no savepoint to undo a chunk
+        self._stream(connection, _chunked_statements(names, chunks))
+        return True
+
+    def _stream(self, connection: Any, batch: Iterator[Statement]) -> None:
+        """Send ``batch`` inside a savepoint, each statement taken (its chunk validated and
+        written) while the server runs the one before; a refused message or statement undoes
+        the statements before it."""
         sent: Future[Any] | None = None
+        max_allowed_packet: int | None = None  # asked once, at the first large statement
         with connection.cursor() as cursor, ThreadPoolExecutor(1, "outboxer-mysql") as thread:
             cursor.execute(SET_SAVEPOINT)
             try:
-                for sql, parameters in _chunked_statements(names, chunks):
+                for statement in batch:
                     # (this statement was written while the server ran the one before)
                     if sent is not None:
                         sent.result()
-                    sent = thread.submit(cursor.execute, sql, parameters)
+                    if _needs_limit(statement):
+                        if max_allowed_packet is None:
+                            cursor.execute(_MAX_ALLOWED_PACKET)
+                            (max_allowed_packet,) = cursor.fetchone()
+                        _check(statement, max_allowed_packet, numbered=True)
+                    sent = thread.submit(cursor.execute, statement.sql, statement.parameters)
                 if sent is not None:
                     sent.result()
             except BaseException:
@@ -189,7 +305,6 @@ class MysqlWriter:
                         cursor.execute(sql)
                 raise
             cursor.execute(RELEASE_SAVEPOINT)
-        return True
 
     def joins_transaction(self, conn: Any) -> bool:
         # Outside autocommit mode the driver's connection is always in a transaction (MySQL
@@ -207,12 +322,28 @@ class AsyncMysqlWriter:
         self.escapes_bytes = escapes_bytes
 
     async def insert(self, conn: Any, names: TableNames, row: Row) -> None:
-        await self.insert_many(conn, names, (row,))
+        await self._insert(conn, names, (row,), numbered=False)
 
     async def insert_many(self, conn: Any, names: TableNames, rows: Sequence[Row]) -> None:
-        async with _connection(conn).cursor() as cursor:
-            for sql, parameters in statements(names, rows, escapes_bytes=self.escapes_bytes):
-                await cursor.execute(sql, parameters)
+        await self._insert(conn, names, rows, numbered=True)
+
+    async def _insert(
+        self, conn: Any, names: TableNames, rows: Sequence[Row], *, numbered: bool
+    ) -> None:
+        connection = _connection(conn)
+        batch = list(statements(names, rows, escapes_bytes=self.escapes_bytes))
+        if len(batch) > 1 and not connection.get_autocommit():
+            await self._stream(connection, iter(batch))  # as MysqlWriter's
+            return
+        large = [statement for statement in batch if _needs_limit(statement)]
+        async with connection.cursor() as cursor:
+            if large:  # as MysqlWriter's
+                await cursor.execute(_MAX_ALLOWED_PACKET)
+                (max_allowed_packet,) = await cursor.fetchone()
+                for statement in large:
+                    _check(statement, max_allowed_packet, numbered=numbered)
+            for statement in batch:
+                await cursor.execute(statement.sql, statement.parameters)
 
     async def insert_chunks(
         self, conn: Any, names: TableNames, chunks: Iterator[Sequence[Row]]
@@ -220,16 +351,27 @@ class AsyncMysqlWriter:
         connection = _connection(conn)
         if connection.get_autocommit():
             return False  # as MysqlWriter's
+        statements_ = _chunked_statements(names, chunks, escapes_bytes=self.escapes_bytes)
+        await self._stream(connection, statements_)
+        return True
+
+    async def _stream(self, connection: Any, batch: Iterator[Statement]) -> None:
+        """As :meth:`MysqlWriter._stream`: each statement sent as a task, the next one taken
+        while the server runs it."""
         sent: asyncio.Task[Any] | None = None
+        max_allowed_packet: int | None = None
         async with connection.cursor() as cursor:
             await cursor.execute(SET_SAVEPOINT)
             try:
-                for sql, parameters in _chunked_statements(
-                    names, chunks, escapes_bytes=self.escapes_bytes
-                ):
+                for statement in batch:
                     if sent is not None:
                         await sent
-                    sent = asyncio.create_task(cursor.execute(sql, parameters))
+                    if _needs_limit(statement):
+                        if max_allowed_packet is None:
+                            await cursor.execute(_MAX_ALLOWED_PACKET)
+                            (max_allowed_packet,) = await cursor.fetchone()
+                        _check(statement, max_allowed_packet, numbered=True)
+                    sent = asyncio.create_task(cursor.execute(statement.sql, statement.parameters))
                     await asyncio.sleep(0)  # sent: the next is written while the server runs it
                 if sent is not None:
                     await sent
@@ -241,7 +383,6 @@ class AsyncMysqlWriter:
                         await cursor.execute(sql)
                 raise
             await cursor.execute(RELEASE_SAVEPOINT)
-        return True
 
     def joins_transaction(self, conn: Any) -> bool:
         return not _connection(conn).get_autocommit()

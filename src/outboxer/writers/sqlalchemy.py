@@ -3,7 +3,10 @@ MySQL or MariaDB.
 
 One row goes through SQLAlchemy (``execute`` of a ``text()`` INSERT), so it joins the session's
 transaction like any statement of the application, flushing the session first and visible to
-its event listeners and logging.
+its event listeners and logging; except a large row on MySQL/MariaDB
+(:func:`outboxer.writers.mysql.is_large`), which goes to the driver's writer as many rows do:
+it checks the statement against the server's ``max_allowed_packet``, over which the server
+would drop the connection and the transaction with it.
 
 Many rows go to the writer of the driver underneath (psycopg or asyncpg: COPY; the MySQL
 drivers: multi-row INSERTs) when that driver's connection is already inside SQLAlchemy's
@@ -26,7 +29,14 @@ from sqlalchemy.orm import Session
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
 from outboxer.message import Row
-from outboxer.writers import AsyncStreamingWriter, find_writer, insert_into, stream_to_driver
+from outboxer.writers import (
+    AsyncStreamingWriter,
+    SyncWriter,
+    find_writer,
+    insert_into,
+    stream_to_driver,
+)
+from outboxer.writers.mysql import is_large
 from outboxer.writers.mysql import params as mysql_params
 from outboxer.writers.sqlite3 import params as sqlite_params
 
@@ -89,18 +99,21 @@ class SqlalchemyWriter:
 
     def insert(self, conn: Session | Connection, names: TableNames, row: Row) -> None:
         dialect = _dialect(conn)
+        if dialect in _QUOTE and is_large(row):
+            found = self._driver_writer(conn)
+            if found is not None:
+                found[0].insert(found[1], names, row)
+                return
         conn.execute(_insert(names, dialect), _params(row, dialect))
 
     def insert_many(
         self, conn: Session | Connection, names: TableNames, rows: Sequence[Row]
     ) -> None:
-        connection = conn.connection() if isinstance(conn, Session) else conn
-        found = find_writer(connection.connection.driver_connection)
+        found = self._driver_writer(conn)
         if found is not None:
-            writer, driver = found
-            if writer.is_async is False and writer.joins_transaction(driver):
-                writer.insert_many(driver, names, rows)
-                return
+            found[0].insert_many(found[1], names, rows)
+            return
+        connection = conn.connection() if isinstance(conn, Session) else conn
         dialect = _dialect(connection)
         connection.execute(_insert(names, dialect), [_params(row, dialect) for row in rows])
 
@@ -109,6 +122,18 @@ class SqlalchemyWriter:
     ) -> bool:
         connection = conn.connection() if isinstance(conn, Session) else conn
         return stream_to_driver(connection.connection.driver_connection, names, chunks)
+
+    def _driver_writer(self, conn: Session | Connection) -> tuple[SyncWriter, Any] | None:
+        """The writer of the driver underneath and its connection, if it has one and that
+        connection is inside SQLAlchemy's transaction."""
+        connection = conn.connection() if isinstance(conn, Session) else conn
+        found = find_writer(connection.connection.driver_connection)
+        if found is None:
+            return None
+        writer, driver = found
+        if writer.is_async is False and writer.joins_transaction(driver):
+            return writer, driver
+        return None
 
     def joins_transaction(self, conn: Any) -> bool:
         return True  # never wrapped itself
@@ -123,6 +148,14 @@ class AsyncSqlalchemyWriter:
         self, conn: AsyncSession | AsyncConnection, names: TableNames, row: Row
     ) -> None:
         dialect = _dialect(conn)
+        if dialect in _QUOTE and is_large(row):  # as SqlalchemyWriter's
+            connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+            found = find_writer((await connection.get_raw_connection()).driver_connection)
+            if found is not None:
+                writer, driver = found
+                if writer.is_async is True and writer.joins_transaction(driver):
+                    await writer.insert(driver, names, row)
+                    return
         await conn.execute(_insert(names, dialect), _params(row, dialect))
 
     async def insert_many(

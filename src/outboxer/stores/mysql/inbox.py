@@ -11,12 +11,18 @@ message's answer to a session variable that the last statement returns.
 Unlike PostgreSQL, MySQL does not abort a transaction in which a statement failed, so a handler
 that swallowed a database error leaves a usable transaction; its savepoint is still released
 explicitly, which fails if the handler ended the transaction (a COMMIT, or DDL).
+
+A failed message is stored with its payload (a failure row, a dead letter), in a statement the
+server refuses if it is over ``max_allowed_packet`` (16 MiB by default on MariaDB; asyncmy
+escapes bytes to up to twice their size); a refusal failed the whole batch, which the broker
+delivered again, forever. Such a message is stored without its payload, the reason saying
+so; as it can never be handled again without it, it is dead at once, in the dead letters.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from outboxer.message import Message, encode_headers
@@ -35,6 +41,21 @@ __all__ = ["MysqlInbox"]
 
 #: What ``inbox_receive`` appends for one message: inserted, inserted but blocked, or there.
 _FRESH, _BLOCKED, _DUPLICATE = "f", "b", "d"
+#: A statement that may be larger than this is checked against the server's
+#: ``max_allowed_packet`` (one round trip, only then; no default has been smaller since MySQL 5.6).
+_LARGE_STATEMENT = 1 << 20
+#: Room left under ``max_allowed_packet`` for what the protocol adds (see writers/mysql.py).
+_PACKET_MARGIN = 1024
+
+
+def _statement_size(sql: str, args: Mapping[str, Any]) -> int:
+    """At most how many bytes asyncmy sends for ``sql`` with ``args``: every value escaped to
+    at most twice its bytes and quoted, as often as the statement names it."""
+    size = len(sql.encode())
+    for name, value in args.items():
+        length = len(value) if isinstance(value, bytes) else len(str(value).encode())
+        size += sql.count(f"%({name})s") * (2 * length + 16)
+    return size
 
 
 class _Session(SqlInboxSession):
@@ -80,6 +101,7 @@ class _Session(SqlInboxSession):
     async def record_failure(
         self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
     ) -> None:
+        sql = self.q["inbox_failure_insert"]
         args = {
             **_message_args(message),
             "consumer": consumer,
@@ -88,11 +110,41 @@ class _Session(SqlInboxSession):
             "reason": failure.reason,
             "state": "dead" if failure.retry_in is None else "retrying",
         }
-        await self.execute(self.q["inbox_failure_insert"], args)
+        unstored = await self._unstorable(sql, args)
+        if unstored is None:
+            await self.execute(sql, args)
+            return
+        # Without its payload the message cannot be handled again: dead at once, and in the
+        # dead letters, where operators see why (a failure already dead is dead-lettered by
+        # the core next, through dead_letter).
+        reason = f"{failure.reason}; {unstored}"
+        await self.execute(sql, {**args, "payload": b"", "reason": reason, "state": "dead"})
+        if failure.retry_in is not None:
+            dead = {**args, "payload": b"", "reason": failure_reason(reason)}
+            await self.execute(self.q["inbox_dead_letter"], dead)
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
+        sql = self.q["inbox_dead_letter"]
         args = {**_message_args(message), "attempts": attempts, "reason": failure_reason(reason)}
-        await self.execute(self.q["inbox_dead_letter"], args)
+        unstored = await self._unstorable(sql, args)
+        if unstored is not None:
+            args.update(payload=b"", reason=failure_reason(f"{reason}; {unstored}"))
+        await self.execute(sql, args)
+
+    async def _unstorable(self, sql: str, args: Mapping[str, Any]) -> str | None:
+        """Why the payload of ``args`` cannot be stored by ``sql`` (the server would refuse
+        the statement), or ``None`` when it can."""
+        size = _statement_size(sql, args)
+        if size <= _LARGE_STATEMENT:
+            return None
+        [row] = await self.fetch("SELECT @@max_allowed_packet AS packet", None)
+        limit = int(row["packet"])
+        if size + _PACKET_MARGIN <= limit:
+            return None
+        return (
+            f"payload of {len(args['payload']):,} bytes over max_allowed_packet ({limit:,}); "
+            "not stored"
+        )
 
     async def lock_failure(self, consumer: str, message_id: str) -> PendingFailure | None:
         args = {"consumer": consumer, "id": message_id}
