@@ -8,6 +8,8 @@ turns the Python values ``enqueue`` accepts into those bytes.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import datetime as dt
 import decimal
@@ -18,7 +20,7 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -29,6 +31,7 @@ __all__ = [
     "MAX_TEXT_BYTES",
     "OCTET_STREAM",
     "TEXT",
+    "ApplicationCode",
     "Message",
     "Returned",
     "Row",
@@ -36,6 +39,7 @@ __all__ = [
     "encode_headers",
     "encode_payload",
     "encode_payload_template",
+    "no_application_code",
     "received",
     "storable_text",
 ]
@@ -231,6 +235,34 @@ class RowTemplate(NamedTuple):
     payload_parts: tuple[str, ...]
 
 
+class ApplicationCode(Exception):
+    """A payload whose encoding runs the application's code (a dataclass's fields, a pydantic
+    model's serializer), met inside :func:`no_application_code`."""
+
+
+_no_application_code: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "outboxer_no_application_code", default=False
+)
+
+
+@contextlib.contextmanager
+def no_application_code() -> Iterator[None]:
+    """Payloads encoded meanwhile (in this thread or task) raise :class:`ApplicationCode`
+    instead of running the application's code. A long ``enqueue_many`` batch is encoded a
+    chunk at a time while the caller's connection is busy storing the chunk before: code of the
+    application's could use that connection (an ORM object that loads its expired attributes
+    through its session), which would deadlock or break it."""
+    token = _no_application_code.set(True)
+    try:
+        yield
+    finally:
+        _no_application_code.reset(token)
+
+
+def _application_code() -> ApplicationCode:
+    return ApplicationCode("a payload whose encoding runs the application's code")
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
@@ -241,6 +273,8 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, set | frozenset | tuple):
         return list(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if _no_application_code.get():
+            raise _application_code()
         return dataclasses.asdict(value)
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
@@ -276,8 +310,12 @@ def encode_payload(payload: object) -> tuple[bytes, str]:
             return payload.encode(), TEXT
         dump_json = getattr(payload, "model_dump_json", None)
         if callable(dump_json) and not isinstance(payload, type):
+            if _no_application_code.get():
+                raise _application_code()
             return str(dump_json()).encode(), JSON
         if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+            if _no_application_code.get():
+                raise _application_code()
             payload = dataclasses.asdict(payload)
         return _PAYLOAD_ENCODER.encode(payload).encode(), JSON
     except (TypeError, ValueError, RecursionError, OverflowError) as exc:

@@ -29,6 +29,7 @@ far below PostgreSQL's b-tree entry limit (~2.7 kB) on the indexed id, key and t
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -39,12 +40,14 @@ from outboxer.errors import ConfigurationError
 from outboxer.message import (
     JSON,
     MAX_TEXT_BYTES,
+    ApplicationCode,
     Returned,
     Row,
     RowTemplate,
     encode_headers,
     encode_payload,
     encode_payload_template,
+    no_application_code,
 )
 from outboxer.observability.propagation import TRACEPARENT, trace_headers
 from outboxer.writers import (
@@ -347,7 +350,12 @@ class Outbox:
         ids: list[str] = []
 
         def taking_ids() -> Iterator[list[Row]]:
-            for chunk in self._chunks(messages, STREAM_CHUNK):
+            chunks = self._chunks(messages, STREAM_CHUNK)
+            while True:
+                with no_application_code():  # (no yield inside: no other task sees it)
+                    chunk = next(chunks, None)
+                if chunk is None:
+                    return
                 ids.extend(row.id for row in chunk)
                 yield chunk
 
@@ -395,8 +403,9 @@ class Outbox:
         writer, target = sync_writer(conn)
         if isinstance(writer, SyncStreamingWriter) and self._streams(messages):
             chunks, ids = self._streamed(messages)
-            if writer.insert_chunks(target, self.names, chunks):
-                return ids
+            with contextlib.suppress(ApplicationCode):  # undone: validated whole below
+                if writer.insert_chunks(target, self.names, chunks):
+                    return ids
         rows = self.rows(messages)
         if rows:
             writer.insert_many(target, self.names, rows)
@@ -410,8 +419,9 @@ class Outbox:
         writer, target = async_writer(conn)
         if isinstance(writer, AsyncStreamingWriter) and self._streams(messages):
             chunks, ids = self._streamed(messages)
-            if await writer.insert_chunks(target, self.names, chunks):
-                return ids
+            with contextlib.suppress(ApplicationCode):  # as enqueue_many's
+                if await writer.insert_chunks(target, self.names, chunks):
+                    return ids
         rows = self.rows(messages)
         if rows:
             await writer.insert_many(target, self.names, rows)

@@ -9,6 +9,7 @@ the transaction usable (a later statement succeeds and commits).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
@@ -29,7 +30,15 @@ import pymysql
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
-from sqlalchemy.orm import Session, scoped_session, sessionmaker
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    MappedAsDataclass,
+    Session,
+    mapped_column,
+    scoped_session,
+    sessionmaker,
+)
 
 import outboxer
 from outboxer.config import Backoff, RelaySettings, TableNames
@@ -475,6 +484,25 @@ def streaming_database(request: pytest.FixtureRequest) -> Database:
     return _database(request, request.param)
 
 
+@pytest.fixture(
+    params=[kind for kind in KINDS if kind.database != "sqlite" and kind.is_async], ids=str
+)
+def async_streaming_database(request: pytest.FixtureRequest) -> Database:
+    """The asynchronous kinds of :func:`streaming_database`: a task that may be cancelled."""
+    return _database(request, request.param)
+
+
+@pytest.fixture(
+    params=[
+        kind for kind in KINDS if kind.open in (sqlalchemy_session_tx, sqlalchemy_mysql_session_tx)
+    ],
+    ids=str,
+)
+def orm_database(request: pytest.FixtureRequest) -> Database:
+    """SQLAlchemy ``Session`` on PostgreSQL (psycopg) and MariaDB (PyMySQL)."""
+    return _database(request, request.param)
+
+
 @pytest.fixture(params=[kind for kind in KINDS if kind.database != "postgres"], ids=str)
 def lenient_database(request: pytest.FixtureRequest) -> Database:
     """The kinds whose transaction goes on after a failed statement (SQLite's, MySQL's; on
@@ -780,6 +808,105 @@ async def test_a_chunk_the_database_refuses_late_in_a_long_batch_writes_none_of_
         assert not isinstance(refused.value, OutboxerError)  # the database's, not ours
         after = await tx.enqueue_many(good)
     assert [r["id"] for r in await database.rows()] == [stored, *after]
+
+
+class Interrupt(BaseException):
+    """As ``KeyboardInterrupt`` (which pytest would take for its own)."""
+
+
+class Interrupting(dt.datetime):
+    """A value whose encoding is interrupted."""
+
+    def isoformat(self, *args: Any, **kwargs: Any) -> str:
+        raise Interrupt
+
+
+async def test_an_interrupt_while_a_long_batch_streams_leaves_none_of_it(
+    streaming_database: Database,
+) -> None:
+    """An interrupt (a ``BaseException``) while a chunk is encoded ends the COPY or the INSERTs
+    cleanly and rolls the stored chunks back: the connection and the caller's transaction go on
+    (asyncpg's connection stayed in the COPY for good, psycopg's transaction was aborted)."""
+    database = streaming_database
+    batch = [{"topic": "t", "payload": {"n": n}} for n in range(3000)]
+    late = {"topic": "t", "payload": {"at": Interrupting(2026, 12, 2)}}
+    async with database.transaction() as tx:
+        before = await tx.enqueue(**GOOD)
+        with pytest.raises(Interrupt):
+            await tx.enqueue_many([*batch[:1500], late])
+        after = await tx.enqueue_many(batch)
+    assert [r["id"] for r in await database.rows()] == [before, *after]
+
+
+async def test_a_long_batch_of_orm_dataclasses_loading_through_the_session_is_written(
+    orm_database: Database,
+) -> None:
+    """A long batch is encoded a chunk at a time while the connection stores the chunk before,
+    but not a payload whose encoding runs the application's code: here ORM dataclasses that the
+    commit which stored them expired, whose fields load again through the caller's session, on
+    the connection busy with the batch (streamed, it hung psycopg and broke PyMySQL's
+    connection). Such a batch is encoded whole first."""
+    database = orm_database
+    schema = database.outbox.names.schema
+
+    class Base(MappedAsDataclass, DeclarativeBase):
+        pass
+
+    class Order(Base):
+        __tablename__ = "orm_orders"
+        __table_args__ = {"schema": schema}  # noqa: RUF012 - SQLAlchemy's own class attribute
+        id: Mapped[int] = mapped_column(primary_key=True, init=False)
+        customer: Mapped[str] = mapped_column(sa.String(50))
+
+    url = (
+        database.target.replace("postgresql://", "postgresql+psycopg://")
+        if database.kind.database == "postgres"
+        else mysql_url(database.target, "pymysql")
+    )
+    with engine(url, "") as made, Session(made) as session:
+        with session.begin():
+            Base.metadata.create_all(session.connection())
+            orders = [Order(customer=f"c{n}") for n in range(1500)]
+            session.add_all(orders)
+        with session.begin():  # the orders are expired: each load is a SELECT on the session
+            ids = database.outbox.enqueue_many(
+                session, [{"topic": "orders", "payload": order} for order in orders]
+            )
+            expected = [{"id": order.id, "customer": f"c{n}"} for n, order in enumerate(orders)]
+    rows = await database.rows()
+    assert [r["id"] for r in rows] == ids
+    assert [json.loads(r["payload"]) for r in rows] == expected
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["good", "refused"])
+async def test_a_long_batch_cancelled_at_any_moment_is_stored_whole_or_not_at_all(
+    async_streaming_database: Database, refused: bool
+) -> None:
+    """``enqueue_many_async`` of a long batch cancelled after 0, 3, 6, ... turns of the event
+    loop (a timeout around it), and the caller, taking the cancellation for "skip it", commits:
+    the batch is there whole or not at all, never a part (with a message refused late: never
+    anything). The undo of the stored chunks runs to its end even when the cancellation comes
+    while it runs. A cancellation the driver cannot survive (asyncmy and aiomysql close the
+    connection when a statement is cut in half) makes the commit fail: nothing either."""
+    database = async_streaming_database
+    batch = [{"topic": "t", "payload": {"n": n}} for n in range(3000)]
+    if refused:
+        batch[2500] = {**GOOD, "payload": float("nan")}
+    outcomes = set()
+    for turns in range(0, 120, 3):
+        with contextlib.suppress(Exception):  # the commit of a connection the driver closed
+            async with database.transaction() as tx:
+                task = asyncio.ensure_future(tx.enqueue_many(batch))
+                for _ in range(turns):
+                    await asyncio.sleep(0)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, OutboxerError):
+                    await task
+        stored = len(await database.rows())
+        assert stored in ((0,) if refused else (0, len(batch))), f"after {turns} turns"
+        outcomes.add(stored)
+        await database.store.execute("DELETE FROM {outbox}")
+    assert 0 in outcomes  # (the cancellations did reach the batch)
 
 
 async def test_a_batch_the_database_refuses_in_part_writes_none_of_it(

@@ -21,11 +21,12 @@ object (see ``writers/sqlite3.py`` for the smallest one), add its connection cla
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from outboxer.errors import ConfigurationError
 from outboxer.message import Row
@@ -49,6 +50,7 @@ __all__ = [
     "async_writer",
     "columns",
     "find_writer",
+    "finish",
     "insert_into",
     "stream_to_driver",
     "sync_writer",
@@ -228,6 +230,28 @@ def writer_for(conn: Any) -> tuple[Writer, Any]:
             "asyncmy or aiomysql connection"
         )
     return found
+
+
+T = TypeVar("T")
+
+
+async def finish(step: Awaitable[T]) -> T:
+    """Await ``step`` to its end even if the caller is cancelled meanwhile, then let the
+    cancellation through: the undo of a batch stopped half-way must not stop half-way itself
+    (the caller, catching the cancellation, could commit the part stored)."""
+    task = asyncio.ensure_future(step)
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if task.cancelled():
+                raise
+            cancelled = exc  # the caller's: the step goes on
+            continue
+        if cancelled is not None:
+            raise cancelled
+        return result
 
 
 def stream_to_driver(driver: Any, names: TableNames, chunks: Iterator[Sequence[Row]]) -> bool:

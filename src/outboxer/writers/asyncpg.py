@@ -20,7 +20,7 @@ import asyncpg
 
 from outboxer.config import TableNames
 from outboxer.message import Row
-from outboxer.writers import insert_into
+from outboxer.writers import finish, insert_into
 from outboxer.writers.pgcopy import COPIED, STREAM_SAVEPOINT, UNDO_STREAM, copy_chunks, copy_data
 
 __all__ = ["ASYNC", "AsyncpgWriter"]
@@ -62,16 +62,16 @@ class AsyncpgWriter:
     ) -> bool:
         if not conn.is_in_transaction():
             return False  # each statement commits on its own: no savepoint to undo a chunk
-        refused: list[Exception] = []
+        refused: list[BaseException] = []
         await conn.execute(f"SAVEPOINT {STREAM_SAVEPOINT}")
         try:
             await self._copy(conn, names, copy_chunks(chunks, refused))
-        except Exception:
-            await conn.execute(UNDO_STREAM)  # the caller's transaction as before the batch
+            if refused:
+                raise refused[0]
+        except BaseException:
+            # the caller's transaction as before the batch, even if the caller is cancelled
+            await finish(conn.execute(UNDO_STREAM))
             raise
-        if refused:
-            await conn.execute(UNDO_STREAM)
-            raise refused[0]
         await conn.execute(f"RELEASE SAVEPOINT {STREAM_SAVEPOINT}")
         return True
 

@@ -67,7 +67,13 @@ from typing import Any, Literal, NamedTuple
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
 from outboxer.message import Row
-from outboxer.writers import RELEASE_SAVEPOINT, SET_SAVEPOINT, UNDO_SAVEPOINT, insert_into
+from outboxer.writers import (
+    RELEASE_SAVEPOINT,
+    SET_SAVEPOINT,
+    UNDO_SAVEPOINT,
+    finish,
+    insert_into,
+)
 
 __all__ = [
     "AIOMYSQL",
@@ -361,11 +367,21 @@ class AsyncMysqlWriter:
         sent: asyncio.Task[Any] | None = None
         max_allowed_packet: int | None = None
         async with connection.cursor() as cursor:
+
+            async def undo() -> None:
+                if sent is not None:
+                    await asyncio.wait((sent,))  # one statement at a time on the connection
+                with contextlib.suppress(Exception):  # a lost connection: the first error tells
+                    for sql in UNDO_SAVEPOINT:
+                        await cursor.execute(sql)
+
             await cursor.execute(SET_SAVEPOINT)
             try:
                 for statement in batch:
                     if sent is not None:
-                        await sent
+                        # shielded: a cancelled caller must not cut a statement in half (the
+                        # drivers close the connection then); undo() waits for it
+                        await asyncio.shield(sent)
                     if _needs_limit(statement):
                         if max_allowed_packet is None:
                             await cursor.execute(_MAX_ALLOWED_PACKET)
@@ -374,13 +390,9 @@ class AsyncMysqlWriter:
                     sent = asyncio.create_task(cursor.execute(statement.sql, statement.parameters))
                     await asyncio.sleep(0)  # sent: the next is written while the server runs it
                 if sent is not None:
-                    await sent
+                    await asyncio.shield(sent)
             except BaseException:
-                if sent is not None:
-                    await asyncio.wait((sent,))
-                with contextlib.suppress(Exception):
-                    for sql in UNDO_SAVEPOINT:
-                        await cursor.execute(sql)
+                await finish(undo())  # to its end, even if the caller is cancelled meanwhile
                 raise
             await cursor.execute(RELEASE_SAVEPOINT)
 

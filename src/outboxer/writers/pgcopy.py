@@ -69,16 +69,19 @@ def copy_data(rows: Sequence[Row]) -> Iterator[bytes]:
     yield _TRAILER
 
 
-def copy_chunks(chunks: Iterable[Sequence[Row]], refused: list[Exception]) -> Iterator[bytes]:
+def copy_chunks(chunks: Iterable[Sequence[Row]], refused: list[BaseException]) -> Iterator[bytes]:
     """The COPY stream of the rows of ``chunks``, a block of bytes per chunk, each chunk taken
-    only when its block is asked for. An exception taking a chunk (a message refused) ends the
-    stream there, as a complete COPY of the rows before it, and goes into ``refused``: the
-    writer rolls those rows back then. (A COPY failed from the client instead makes asyncpg
-    cancel the statement with a second connection, which may reach the next one.)"""
+    only when its block is asked for. An exception taking a chunk (a message refused, or a
+    ``KeyboardInterrupt`` meanwhile) ends the stream there, as a complete COPY of the rows
+    before it, and goes into ``refused``: the writer rolls those rows back, then raises it. (A
+    COPY failed from the client instead makes asyncpg cancel the statement with a second
+    connection, which may reach the next one, or leave the connection in the COPY for good.)"""
     yield _SIGNATURE
     try:
         for chunk in chunks:
             yield _binary_rows(chunk)
-    except Exception as exc:  # noqa: BLE001 - handed to the writer, raised after the undo
+    except GeneratorExit:  # the COPY itself failed: the writer undoes it
+        raise
+    except BaseException as exc:  # noqa: BLE001 - handed to the writer, raised after the undo
         refused.append(exc)
     yield _TRAILER

@@ -21,7 +21,7 @@ from psycopg import pq
 
 from outboxer.config import TableNames
 from outboxer.message import Row
-from outboxer.writers import columns, insert_into
+from outboxer.writers import columns, finish, insert_into
 from outboxer.writers.pgcopy import COPIED, STREAM_SAVEPOINT, UNDO_STREAM, copy_chunks, copy_data
 
 __all__ = ["ASYNC", "SYNC", "AsyncPsycopgWriter", "PsycopgWriter"]
@@ -81,19 +81,18 @@ class PsycopgWriter:
             conn = conn.connection
         if conn.autocommit or conn.info.pipeline_status != pq.PipelineStatus.OFF:
             return False  # no transaction block for a savepoint, or no COPY
-        refused: list[Exception] = []
+        refused: list[BaseException] = []
         with conn.cursor() as cursor:
             cursor.execute(f"SAVEPOINT {STREAM_SAVEPOINT}")  # (psycopg begins first if needed)
             try:
                 with cursor.copy(_copy(names)) as copy:
                     for block in copy_chunks(chunks, refused):
                         copy.write(block)
-            except Exception:
+                if refused:
+                    raise refused[0]
+            except BaseException:
                 cursor.execute(UNDO_STREAM)  # the caller's transaction as before the batch
                 raise
-            if refused:
-                cursor.execute(UNDO_STREAM)
-                raise refused[0]
             cursor.execute(f"RELEASE SAVEPOINT {STREAM_SAVEPOINT}")
         return True
 
@@ -141,19 +140,18 @@ class AsyncPsycopgWriter:
             conn = conn.connection
         if conn.autocommit or conn.info.pipeline_status != pq.PipelineStatus.OFF:
             return False  # as PsycopgWriter's
-        refused: list[Exception] = []
+        refused: list[BaseException] = []
         async with conn.cursor() as cursor:
             await cursor.execute(f"SAVEPOINT {STREAM_SAVEPOINT}")
             try:
                 async with cursor.copy(_copy(names)) as copy:
                     for block in copy_chunks(chunks, refused):
                         await copy.write(block)
-            except Exception:
-                await cursor.execute(UNDO_STREAM)
+                if refused:
+                    raise refused[0]
+            except BaseException:
+                await finish(cursor.execute(UNDO_STREAM))  # even if the caller is cancelled
                 raise
-            if refused:
-                await cursor.execute(UNDO_STREAM)
-                raise refused[0]
             await cursor.execute(f"RELEASE SAVEPOINT {STREAM_SAVEPOINT}")
         return True
 
