@@ -810,6 +810,53 @@ async def test_a_chunk_the_database_refuses_late_in_a_long_batch_writes_none_of_
     assert [r["id"] for r in await database.rows()] == [stored, *after]
 
 
+@pytest.mark.parametrize("driver", ["pymysql", "aiomysql", "asyncmy"])
+async def test_an_unread_unbuffered_result_is_not_thrown_away(
+    driver: str, mysql_database: str, mysql_store: Any
+) -> None:
+    """With an ``SSCursor``'s rows still to read, the next statement on the connection would
+    drain them without a word (these drivers do): the write is refused, nothing written, and
+    the caller reads all its rows, then writes."""
+    outbox = outboxer.Outbox(schema=mysql_database)
+    query = "SELECT seq FROM seq_1_to_100"  # (MariaDB's sequence engine)
+    if driver == "pymysql":
+        conn = pymysql.connect(host="127.0.0.1", user="root", database=mysql_database)
+        try:
+            cursor = conn.cursor(pymysql.cursors.SSCursor)
+            cursor.execute(query)
+            first = cursor.fetchone()
+            with pytest.raises(ConfigurationError, match="unbuffered query"):
+                outbox.enqueue(conn, "t", {})
+            with pytest.raises(ConfigurationError, match="unbuffered query"):
+                outbox.enqueue_many(conn, [GOOD])
+            rest = cursor.fetchall()
+            ids = [outbox.enqueue(conn, "t", {})]
+            conn.commit()
+        finally:
+            conn.close()
+    else:
+        module: Any = aiomysql if driver == "aiomysql" else asyncmy
+        database = {"db" if driver == "aiomysql" else "database": mysql_database}
+        conn = await module.connect(host="127.0.0.1", user="root", **database)
+        try:
+            cursor = conn.cursor(module.cursors.SSCursor)
+            if driver == "aiomysql":
+                cursor = await cursor
+            await cursor.execute(query)
+            first = await cursor.fetchone()
+            with pytest.raises(ConfigurationError, match="unbuffered query"):
+                await outbox.enqueue_async(conn, "t", {})
+            with pytest.raises(ConfigurationError, match="unbuffered query"):
+                await outbox.enqueue_many_async(conn, [GOOD])
+            rest = await cursor.fetchall()
+            ids = [await outbox.enqueue_async(conn, "t", {})]
+            await conn.commit()
+        finally:
+            conn.close()
+    assert [first[0], *(row[0] for row in rest)] == list(range(1, 101))
+    assert [row["id"] for row in await mysql_store.execute("SELECT id FROM {outbox}")] == ids
+
+
 class Interrupt(BaseException):
     """As ``KeyboardInterrupt`` (which pytest would take for its own)."""
 

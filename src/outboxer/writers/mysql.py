@@ -244,8 +244,21 @@ def _check(statement: Statement, max_allowed_packet: int, *, numbered: bool) -> 
 
 
 def _connection(conn: Any) -> Any:
-    """The connection of a cursor (the caller's cursor keeps its results), or ``conn``."""
-    return conn.connection if hasattr(conn, "fetchone") else conn
+    """The connection of a cursor (the caller's cursor keeps its results), or ``conn``.
+
+    Raises:
+        ConfigurationError: an unbuffered cursor (``SSCursor``) on the connection has rows
+            still to read: the next statement would throw them away without a word (PyMySQL,
+            aiomysql and asyncmy drain them; mysqlclient refuses, "commands out of sync").
+    """
+    connection = conn.connection if hasattr(conn, "fetchone") else conn
+    # (the drivers' own attribute, read where it is: an unknown driver passes; asyncmy's an int)
+    if getattr(getattr(connection, "_result", None), "unbuffered_active", False):
+        raise ConfigurationError(
+            "the connection has an unbuffered query (SSCursor) whose rows are not all read: "
+            "read them (or close that cursor) before writing to the outbox"
+        )
+    return connection
 
 
 class MysqlWriter:
