@@ -810,6 +810,91 @@ async def test_a_chunk_the_database_refuses_late_in_a_long_batch_writes_none_of_
     assert [r["id"] for r in await database.rows()] == [stored, *after]
 
 
+def forging(filler: int) -> bytes:
+    """A payload that, escaped with backslashes in a session that reads them as plain
+    characters, ends its string and writes a second, forged outbox row."""
+    forged = ", ".join(
+        f"0x{text.encode().hex()}" if text else text
+        for text in ("forged-id", "payments", "NULL", "NULL", '{"amount":1}', "application/json")
+    )
+    return b"A" * filler + f"', 0x7b7d, 0x7b7d, DEFAULT), ({forged}, 0x7b7d, DEFAULT) -- ".encode()
+
+
+@pytest.mark.parametrize("through", ["asyncmy", "sqlalchemy"])
+async def test_values_cannot_write_sql_of_their_own_without_backslash_escapes(
+    through: str, mysql_database: str, mysql_store: Any
+) -> None:
+    """asyncmy escapes parameters with backslashes even in a session with
+    ``NO_BACKSLASH_ESCAPES``: a payload sent as one (a large one, or any through SQLAlchemy)
+    wrote a forged row. Every value goes as hex digits now: stored as given, nothing else."""
+    outbox = outboxer.Outbox(schema=mysql_database)
+    mode = "SET SESSION sql_mode = CONCAT(@@sql_mode, ',NO_BACKSLASH_ESCAPES')"
+    messages = [
+        {"topic": "t'\\", "payload": forging(filler), "key": "k'\\", "headers": {"h": "'\\\""}}
+        for filler in (100, 70_000)
+    ]
+    if through == "asyncmy":
+        conn = await asyncmy.connect(host="127.0.0.1", user="root", database=mysql_database)
+        try:
+            async with conn.cursor() as cursor:
+                await cursor.execute(mode)
+            ids = [await outbox.enqueue_async(conn, **m) for m in messages]
+            ids += await outbox.enqueue_many_async(conn, messages)
+            await conn.commit()
+        finally:
+            conn.close()
+    else:
+        url = mysql_url(mysql_database, "asyncmy")
+        async with (
+            async_engine(url, "") as made,
+            AsyncSession(made) as session,
+            session.begin(),
+        ):
+            await session.execute(sa.text(mode))
+            ids = [await outbox.enqueue_async(session, **m) for m in messages]
+            ids += await outbox.enqueue_many_async(session, messages)
+    rows = await mysql_store.execute(
+        "SELECT id, topic, `key`, payload, headers FROM {outbox} ORDER BY seq"
+    )
+    stored = [
+        (r["id"], r["topic"], r["key"], bytes(r["payload"]), json.loads(r["headers"])) for r in rows
+    ]
+    assert stored == [
+        (id_, m["topic"], m["key"], m["payload"], m["headers"])
+        for id_, m in zip(ids, [*messages, *messages], strict=True)
+    ]
+
+
+@pytest.mark.parametrize("driver", ["pymysql", "asyncmy"])
+async def test_sqlalchemy_in_autocommit_refuses_a_payload_over_max_allowed_packet_first(
+    driver: str, mysql_database: str, mysql_store: Any
+) -> None:
+    """In autocommit mode each statement commits at once: the check before anything is sent
+    is what keeps a batch with one oversize message from committing its first rows (and the
+    server from dropping the connection), through SQLAlchemy as through the drivers."""
+    [row] = await mysql_store.execute("SELECT @@max_allowed_packet AS packet")
+    huge = {"topic": "t", "payload": b"x" * (int(row["packet"]) + 1)}
+    outbox = outboxer.Outbox(schema=mysql_database)
+    url = mysql_url(mysql_database, driver)
+    if driver == "pymysql":
+        with engine(url, "") as made, made.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            with pytest.raises(ConfigurationError, match=r"^message 2: .*max_allowed_packet"):
+                outbox.enqueue_many(conn, [GOOD, GOOD, huge])
+            with pytest.raises(ConfigurationError, match="max_allowed_packet"):
+                outbox.enqueue(conn, **huge)
+            ids = [outbox.enqueue(conn, **GOOD)]
+    else:
+        async with async_engine(url, "") as made, made.connect() as aconn:
+            aconn = await aconn.execution_options(isolation_level="AUTOCOMMIT")
+            with pytest.raises(ConfigurationError, match=r"^message 2: .*max_allowed_packet"):
+                await outbox.enqueue_many_async(aconn, [GOOD, GOOD, huge])
+            with pytest.raises(ConfigurationError, match="max_allowed_packet"):
+                await outbox.enqueue_async(aconn, **huge)
+            ids = [await outbox.enqueue_async(aconn, **GOOD)]
+    assert [r["id"] for r in await mysql_store.execute("SELECT id FROM {outbox}")] == ids
+
+
 @pytest.mark.parametrize("driver", ["pymysql", "aiomysql", "asyncmy"])
 async def test_an_unread_unbuffered_result_is_not_thrown_away(
     driver: str, mysql_database: str, mysql_store: Any

@@ -32,9 +32,12 @@ hex digits, not text.
 
 Hex doubles a payload's size, and a statement must fit the server's ``max_allowed_packet``
 (16 MiB by default on MariaDB, 64 MiB on MySQL 8): a payload over :data:`LITERAL_BYTES` travels
-as a ``%s`` parameter instead, except through aiomysql, where ``UNHEX(%s)`` of its hex digits is
-the only way. Either way it may cost the statement twice its size (PyMySQL 1.2 sends ``bytes``
-as ``_binary X'…'``; asyncmy and mysqlclient escape ``\0 \n \r \\ ' " \x1a`` as two bytes).
+as a ``%s`` parameter instead on PyMySQL and mysqlclient, and as ``UNHEX(%s)`` of its hex
+digits on the async drivers: aiomysql cannot send ``bytes``, and asyncmy escapes them with
+backslashes even in a session with ``NO_BACKSLASH_ESCAPES``, where a ``'`` in the payload would
+end the string and the rest be read as SQL (a crafted payload wrote a forged row). Either way
+it may cost the statement twice its size (PyMySQL 1.2 sends ``bytes`` as ``_binary X'…'``;
+mysqlclient escapes ``\0 \n \r \\ ' " \x1a`` as two bytes, the way the session reads them).
 
 A statement over ``max_allowed_packet`` makes the server drop the connection, and with it the
 caller's transaction. A chunk therefore ends before it would pass :data:`_CHUNK_BYTES`, so
@@ -76,7 +79,6 @@ from outboxer.writers import (
 )
 
 __all__ = [
-    "AIOMYSQL",
     "ASYNC",
     "LITERAL_BYTES",
     "SYNC",
@@ -161,9 +163,9 @@ class Statement(NamedTuple):
 def statements(
     names: TableNames, rows: Sequence[Row], *, escapes_bytes: bool = True, first: int = 0
 ) -> Iterator[Statement]:
-    """The multi-row INSERTs that write ``rows`` in order (``escapes_bytes``: the driver can
-    escape a ``bytes`` parameter, which aiomysql cannot; ``first``: the position of ``rows[0]``
-    in the batch)."""
+    """The multi-row INSERTs that write ``rows`` in order (``escapes_bytes``: the driver can be
+    trusted to escape a ``bytes`` parameter, which the async drivers cannot; ``first``: the
+    position of ``rows[0]`` in the batch)."""
     # Topics, types, content types, headers and keys repeat within a batch: each written once.
     text = _Literals()
     head = _head(names)
@@ -332,13 +334,10 @@ class MysqlWriter:
 
 
 class AsyncMysqlWriter:
-    """An asyncmy (or, without ``escapes_bytes``, aiomysql) connection or cursor, in its
-    transaction."""
+    """An asyncmy or aiomysql connection or cursor, in its transaction (a large payload as
+    hex digits: see the module docstring)."""
 
     is_async: Literal[True] = True
-
-    def __init__(self, *, escapes_bytes: bool = True) -> None:
-        self.escapes_bytes = escapes_bytes
 
     async def insert(self, conn: Any, names: TableNames, row: Row) -> None:
         await self._insert(conn, names, (row,), numbered=False)
@@ -350,7 +349,7 @@ class AsyncMysqlWriter:
         self, conn: Any, names: TableNames, rows: Sequence[Row], *, numbered: bool
     ) -> None:
         connection = _connection(conn)
-        batch = list(statements(names, rows, escapes_bytes=self.escapes_bytes))
+        batch = list(statements(names, rows, escapes_bytes=False))
         if len(batch) > 1 and not connection.get_autocommit():
             await self._stream(connection, iter(batch))  # as MysqlWriter's
             return
@@ -370,7 +369,7 @@ class AsyncMysqlWriter:
         connection = _connection(conn)
         if connection.get_autocommit():
             return False  # as MysqlWriter's
-        statements_ = _chunked_statements(names, chunks, escapes_bytes=self.escapes_bytes)
+        statements_ = _chunked_statements(names, chunks, escapes_bytes=False)
         await self._stream(connection, statements_)
         return True
 
@@ -415,4 +414,3 @@ class AsyncMysqlWriter:
 
 SYNC = MysqlWriter()
 ASYNC = AsyncMysqlWriter()
-AIOMYSQL = AsyncMysqlWriter(escapes_bytes=False)

@@ -2,11 +2,10 @@
 MySQL or MariaDB.
 
 One row goes through SQLAlchemy (``execute`` of a ``text()`` INSERT), so it joins the session's
-transaction like any statement of the application, flushing the session first and visible to
-its event listeners and logging; except a large row on MySQL/MariaDB
-(:func:`outboxer.writers.mysql.is_large`), which goes to the driver's writer as many rows do:
-it checks the statement against the server's ``max_allowed_packet``, over which the server
-would drop the connection and the transaction with it.
+transaction like any statement of the application, visible to its event listeners and logging;
+except on MySQL/MariaDB, where every row goes to the driver's writer, in the transaction or in
+autocommit mode alike (see :func:`_on_mysql`: hex literals rather than asyncmy's escaping, and
+a statement over ``max_allowed_packet`` refused before it is sent).
 
 Many rows go to the writer of the driver underneath (psycopg or asyncpg: COPY; the MySQL
 drivers: multi-row INSERTs) when that driver's connection is already inside SQLAlchemy's
@@ -36,7 +35,7 @@ from outboxer.writers import (
     insert_into,
     stream_to_driver,
 )
-from outboxer.writers.mysql import is_large
+from outboxer.writers.mysql import AsyncMysqlWriter, MysqlWriter
 from outboxer.writers.mysql import params as mysql_params
 from outboxer.writers.sqlite3 import params as sqlite_params
 
@@ -92,6 +91,17 @@ def _dialect(conn: Session | Connection | AsyncSession | AsyncConnection) -> str
     return f"{name}+aiomysql" if name == "mysql" and bind.dialect.driver == "aiomysql" else name
 
 
+def _on_mysql(writer: Any) -> bool:
+    """Whether ``writer`` is the MySQL drivers' (see :mod:`outboxer.writers.mysql`). Under
+    SQLAlchemy their connection runs a statement in SQLAlchemy's transaction, or commits it at
+    once in autocommit mode, as SQLAlchemy's own statement would: the rows always go to that
+    writer, whose values are hex literals (asyncmy's escaping of parameters ignores
+    ``NO_BACKSLASH_ESCAPES``, which let a crafted value write SQL of its own) and which refuses
+    a statement over ``max_allowed_packet`` before sending anything (the server would drop the
+    connection, in autocommit mode after the rows before it had committed)."""
+    return isinstance(writer, MysqlWriter | AsyncMysqlWriter)
+
+
 class SqlalchemyWriter:
     """A sync ``Session`` or ``Connection``, in its transaction (begun if not yet)."""
 
@@ -99,7 +109,7 @@ class SqlalchemyWriter:
 
     def insert(self, conn: Session | Connection, names: TableNames, row: Row) -> None:
         dialect = _dialect(conn)
-        if dialect in _QUOTE and is_large(row):
+        if dialect in _QUOTE:  # MySQL: the driver's writer, see _driver_writer
             found = self._driver_writer(conn)
             if found is not None:
                 found[0].insert(found[1], names, row)
@@ -131,7 +141,7 @@ class SqlalchemyWriter:
         if found is None:
             return None
         writer, driver = found
-        if writer.is_async is False and writer.joins_transaction(driver):
+        if writer.is_async is False and (writer.joins_transaction(driver) or _on_mysql(writer)):
             return writer, driver
         return None
 
@@ -148,12 +158,12 @@ class AsyncSqlalchemyWriter:
         self, conn: AsyncSession | AsyncConnection, names: TableNames, row: Row
     ) -> None:
         dialect = _dialect(conn)
-        if dialect in _QUOTE and is_large(row):  # as SqlalchemyWriter's
+        if dialect in _QUOTE:  # as SqlalchemyWriter's
             connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
             found = find_writer((await connection.get_raw_connection()).driver_connection)
             if found is not None:
                 writer, driver = found
-                if writer.is_async is True and writer.joins_transaction(driver):
+                if writer.is_async is True:
                     await writer.insert(driver, names, row)
                     return
         await conn.execute(_insert(names, dialect), _params(row, dialect))
@@ -169,7 +179,7 @@ class AsyncSqlalchemyWriter:
                 # SQLAlchemy's asyncpg adapter begins on the database at its first statement:
                 # send one through SQLAlchemy, and the COPY runs inside its transaction.
                 await connection.exec_driver_sql("SELECT 1")
-            if writer.is_async is True and writer.joins_transaction(driver):
+            if writer.is_async is True and (writer.joins_transaction(driver) or _on_mysql(writer)):
                 await writer.insert_many(driver, names, rows)
                 return
         dialect = _dialect(connection)
