@@ -59,6 +59,7 @@ __all__ = [
     "MessagePage",
     "MessageReader",
     "MessageState",
+    "MAX_REASON",
     "NO_REASON",
     "OutboxMessage",
     "OutboxStats",
@@ -81,15 +82,24 @@ __all__ = [
 NO_REASON = "failed without a reason (the error carried no message)"
 
 
+#: A failure's reason is cut to this many characters (an error may quote a whole payload; MariaDB
+#: refused a reason over its ``TEXT`` column's 64 KiB, and the consumer retried its batch forever).
+MAX_REASON = 2000
+
+
 def failure_reason(text: str) -> str:
     """``text`` as every store keeps it (NUL and lone surrogates, which a broker's or a
-    webhook's error may quote, as U+FFFD: :func:`~outboxer.message.storable_text`), or
-    :data:`NO_REASON` when it is blank.
+    webhook's error may quote, as U+FFFD: :func:`~outboxer.message.storable_text`; cut to
+    :data:`MAX_REASON` characters), or :data:`NO_REASON` when it is blank.
 
     Every path that stores a failure goes through this: retries and dead letters of the relay
     (:class:`Retry`, :meth:`Settlement.dead_letters`) and of consumers (:class:`ConsumeFailure`).
     """
-    return storable_text(text) if text.strip() else NO_REASON
+    if not text.strip():
+        return NO_REASON
+    if len(text) > MAX_REASON:
+        text = text[: MAX_REASON - 1] + "…"
+    return storable_text(text)
 
 
 @dataclass(frozen=True, slots=True)

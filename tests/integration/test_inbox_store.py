@@ -25,8 +25,8 @@ import pytest
 
 from outboxer.config import TableNames
 from outboxer.inbox import consume, redrive_consume_failures
-from outboxer.message import Message
-from outboxer.ports import ConsumeFailure, DeadLetterFilter, InboxStore
+from outboxer.message import Message, encode_headers
+from outboxer.ports import MAX_REASON, ConsumeFailure, DeadLetterFilter, InboxStore
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.postgres import inbox as postgres_inbox
@@ -307,6 +307,25 @@ class InboxStoreContract:
         assert (dead.direction, dead.attempts, dead.failure_reason) == ("consume", 1, "undecodable")
         if self.transactional:
             assert await effects.read() == []
+
+    async def test_a_reason_quoting_a_whole_payload_is_cut_and_stored(
+        self, store: Any, effects: Effects
+    ) -> None:
+        """A handler's error may quote its input: the reason is cut to ``MAX_REASON``
+        characters (MariaDB refused a reason over its 64 KiB column, and the batch was
+        retried forever), for the retrying failure and the dead letter alike."""
+        quoting = "x" * 100_000
+
+        def judge(message: Message, attempts: int, error: Exception) -> ConsumeFailure:
+            return ConsumeFailure(quoting, None if message.id == "m-3" else 60.0)
+
+        handler = effects.handler(fail=lambda m, a: True)
+        outcomes = await store.consume(
+            "c", [message(3), message(4)], handler, on_failure=judge, retention_seconds=60
+        )
+        assert outcomes == ["dead", "retrying"]  # both stored: the batch committed
+        cut = quoting[: MAX_REASON - 1] + "…"
+        assert (await store.get_dead_letter("m-3")).failure_reason == cut
 
     async def test_a_failing_message_blocks_only_its_own_key(
         self, store: InboxStore, effects: Effects
@@ -831,6 +850,10 @@ class TestMysqlInbox(InboxStoreContract):
         huge = dataclasses.replace(message(1), payload=b"x" * (limit + 1))
         half = dataclasses.replace(message(2, key="k"), payload=b"'" * (limit // 2 + 1))
         fits = dataclasses.replace(message(3), payload=bytes(range(256)) * (2 << 12))
+        # nothing asyncmy escapes: three quarters of the limit fit (a bound of 2x dropped it)
+        plain = dataclasses.replace(message(5), payload=b"x" * (limit * 3 // 4))
+        # headers over the limit on their own: left out too (else the batch failed forever)
+        loud = dataclasses.replace(message(6), headers={"h": '"' * (limit // 3)})
         failing = effects.handler(fail=lambda m, attempt: m.id != "m-4" and attempt == 1)
         payloads: dict[tuple[str, int], int] = {}  # (id, attempt): the payload's length
 
@@ -842,19 +865,30 @@ class TestMysqlInbox(InboxStoreContract):
             return ConsumeFailure(f"failed: {error}", None if message.id == "m-1" else 0.05)
 
         outcomes = await store.consume(
-            "c", [huge, half, fits, message(4)], handler, on_failure=judge, retention_seconds=60
+            "c",
+            [huge, half, fits, message(4), plain, loud],
+            handler,
+            on_failure=judge,
+            retention_seconds=60,
         )
-        assert (outcomes[0], *outcomes[2:]) == ("dead", "retrying", "handled")
-        reason = "failed: handler failed on attempt 1; payload of {:,} bytes over "
-        reason += f"max_allowed_packet ({limit:,}); not stored"
+        assert (outcomes[0], *outcomes[2:5]) == ("dead", "retrying", "handled", "retrying")
+        failed = "failed: handler failed on attempt 1; "
+        over = f" over max_allowed_packet ({limit:,}); not stored"
+        reason = failed + "payload of {:,} bytes" + over
+        headers = len(encode_headers(loud.headers).encode())
+        loud_reason = f"{failed}payload of {len(loud.payload):,} bytes and headers of "
+        loud_reason += f"{headers:,} bytes{over}"
         failures = await store.execute(
-            "SELECT message_id, state, LENGTH(payload) AS n, last_error FROM {inbox_failures} "
-            "ORDER BY message_id"
+            "SELECT message_id, state, LENGTH(payload) AS n, headers, last_error "
+            "FROM {inbox_failures} ORDER BY message_id"
         )
+        once = "failed: handler failed on attempt 1"
         assert [tuple(f.values()) for f in failures] == [
-            ("m-1", "dead", 0, reason.format(limit + 1)),
-            ("m-2", "dead", 0, reason.format(limit // 2 + 1)),
-            ("m-3", "retrying", len(fits.payload), "failed: handler failed on attempt 1"),
+            ("m-1", "dead", 0, encode_headers(huge.headers), reason.format(limit + 1)),
+            ("m-2", "dead", 0, encode_headers(half.headers), reason.format(limit // 2 + 1)),
+            ("m-3", "retrying", len(fits.payload), encode_headers(fits.headers), once),
+            ("m-5", "retrying", len(plain.payload), encode_headers(plain.headers), once),
+            ("m-6", "dead", 0, "{}", loud_reason),
         ]
         dead = await store.execute(
             "SELECT id, LENGTH(payload) AS n, failure_reason FROM {dead_letters} ORDER BY id"
@@ -862,16 +896,20 @@ class TestMysqlInbox(InboxStoreContract):
         assert [tuple(d.values()) for d in dead] == [
             ("m-1", 0, reason.format(limit + 1)),
             ("m-2", 0, reason.format(limit // 2 + 1)),
+            ("m-6", 0, loud_reason),
         ]
         await asyncio.sleep(0.1)
         redriven = await store.redrive_consume_failures(
             "c", handler, on_failure=judge, retention_seconds=60, limit=10
         )
-        assert redriven == ["handled"]  # nothing else is due
+        assert redriven == ["handled", "handled"]  # nothing else is due
         assert payloads == {
             ("m-1", 1): limit + 1,
             ("m-2", 1): limit // 2 + 1,
             ("m-3", 1): 2 << 20,
             ("m-4", 1): len(message(4).payload),
+            ("m-5", 1): len(plain.payload),
+            ("m-6", 1): len(loud.payload),
             ("m-3", 2): 2 << 20,  # re-driven with its payload whole
+            ("m-5", 2): len(plain.payload),
         }

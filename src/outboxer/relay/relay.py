@@ -70,6 +70,7 @@ from outboxer.ports import (
     RelayStore,
     Retry,
     Settlement,
+    failure_reason,
     keeps_key_order,
     log_last_sweep,
 )
@@ -85,8 +86,6 @@ from outboxer.relay.observer import (
 __all__ = ["Relay", "RelayCounters"]
 
 log = logging.getLogger("outboxer.relay")
-
-_MAX_REASON = 2000
 
 
 @dataclass(slots=True)
@@ -182,7 +181,7 @@ def _reason(error: BaseException) -> str:
     text = str(error).strip()
     if not isinstance(error, PublishError) or not text:
         text = f"{type(error).__name__}: {text}" if text else type(error).__name__
-    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 1] + "…"
+    return failure_reason(text)  # (cut to MAX_REASON characters)
 
 
 class Relay:
