@@ -236,6 +236,8 @@ class Relay:
         self._key_holders: dict[str, list[_Chained]] = {}
         self._window = asyncio.Semaphore(self.settings.max_in_flight_batches)
         self._in_flight: set[asyncio.Task[None]] = set()
+        #: Tokens of the batches being settled: their rows leave as the settle commits.
+        self._settling: set[int] = set()
         self._settled_batches = 0
         self._stop = asyncio.Event()
         self._outage_failures = 0
@@ -634,7 +636,8 @@ class Relay:
                 self.observer.store_unavailable("extend_lease")
                 log.warning("could not extend the lease of a batch in flight: %s", exc)
                 continue
-            if held < len(claim.messages):
+            # (a batch being settled loses its rows to its own settle: not a lost lease)
+            if held < len(claim.messages) and claim.token not in self._settling:
                 log.warning(
                     "%d of %d messages in flight lost their lease before it was extended: "
                     "another relay may publish them too",
@@ -851,17 +854,21 @@ class Relay:
         """Settle, retrying while the database is away and the lease still holds."""
         deadline = self._now() + self.settings.lease_seconds
         failures = 0
-        while True:
-            try:
-                await self.store.settle(claim, settlement)
-                return
-            except StoreError as exc:
-                self.observer.store_unavailable("settle")
-                failures += 1
-                delay = min(0.1 * 2**failures, 5.0)
-                if self._now() + delay > deadline:
-                    # The lease runs out: another relay will publish these again (the
-                    # duplicates the at-least-once contract allows after a failure).
-                    log.error("could not settle batch, lease will expire: %s", exc)
+        self._settling.add(claim.token)
+        try:
+            while True:
+                try:
+                    await self.store.settle(claim, settlement)
                     return
-                await asyncio.sleep(delay)
+                except StoreError as exc:
+                    self.observer.store_unavailable("settle")
+                    failures += 1
+                    delay = min(0.1 * 2**failures, 5.0)
+                    if self._now() + delay > deadline:
+                        # The lease runs out: another relay will publish these again (the
+                        # duplicates the at-least-once contract allows after a failure).
+                        log.error("could not settle batch, lease will expire: %s", exc)
+                        return
+                    await asyncio.sleep(delay)
+        finally:
+            self._settling.discard(claim.token)
