@@ -726,11 +726,13 @@ class InboxTransaction(Protocol):
 
     async def record_failure(
         self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
-    ) -> None:
+    ) -> ConsumeFailure:
         """Store a failed (or, with ``attempts`` 0, a waiting) first delivery with the whole
         message: ``retrying`` after ``failure.retry_in`` seconds, or ``dead``. While it is
         retrying the message's inbox row does not expire (the pair must outlive the failure);
-        a dead one keeps the expiry :meth:`receive` gave it."""
+        a dead one keeps the expiry :meth:`receive` gave it. Returns the failure as stored:
+        ``failure``, or a dead one when the store cannot keep what a retry needs (MariaDB: a
+        payload over ``max_allowed_packet``); the caller dead-letters a dead one."""
         ...
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:

@@ -532,10 +532,11 @@ class _InboxSession:
 
     async def record_failure(
         self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
-    ) -> None:
+    ) -> ConsumeFailure:
         if failure.retry_in is not None:  # the inbox row outlives a pending failure
             self._inbox.rows[(consumer, message.id)] = None
         self._inbox.add_failure(consumer, message, attempts, failure)
+        return failure
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
         self._dead_letter(message, attempts, failure_reason(reason))

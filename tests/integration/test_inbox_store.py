@@ -851,7 +851,9 @@ class TestMysqlInbox(InboxStoreContract):
         half = dataclasses.replace(message(2, key="k"), payload=b"'" * (limit // 2 + 1))
         fits = dataclasses.replace(message(3), payload=bytes(range(256)) * (2 << 12))
         # nothing asyncmy escapes: three quarters of the limit fit (a bound of 2x dropped it)
-        plain = dataclasses.replace(message(5), payload=b"x" * (limit * 3 // 4))
+        plain = dataclasses.replace(message(5, key="p"), payload=b"x" * (limit * 3 // 4))
+        # waiting behind m-5's failure, too large to be kept for later: dead, without running
+        behind = dataclasses.replace(message(7, key="p"), payload=b"x" * (limit + 1))
         # headers over the limit on their own: left out too (else the batch failed forever)
         loud = dataclasses.replace(message(6), headers={"h": '"' * (limit // 3)})
         failing = effects.handler(fail=lambda m, attempt: m.id != "m-4" and attempt == 1)
@@ -866,15 +868,18 @@ class TestMysqlInbox(InboxStoreContract):
 
         outcomes = await store.consume(
             "c",
-            [huge, half, fits, message(4), plain, loud],
+            [huge, half, fits, message(4), plain, loud, behind],
             handler,
             on_failure=judge,
             retention_seconds=60,
         )
-        assert (outcomes[0], *outcomes[2:5]) == ("dead", "retrying", "handled", "retrying")
+        # (m-2's policy said retry: without its payload it cannot be, it is dead)
+        assert outcomes == ["dead", "dead", "retrying", "handled", "retrying", "dead", "dead"]
         failed = "failed: handler failed on attempt 1; "
         over = f" over max_allowed_packet ({limit:,}); not stored"
         reason = failed + "payload of {:,} bytes" + over
+        behind_reason = "waiting behind an earlier failed message of key 'p'; "
+        behind_reason += f"payload of {limit + 1:,} bytes{over}"
         headers = len(encode_headers(loud.headers).encode())
         loud_reason = f"{failed}payload of {len(loud.payload):,} bytes and headers of "
         loud_reason += f"{headers:,} bytes{over}"
@@ -889,6 +894,7 @@ class TestMysqlInbox(InboxStoreContract):
             ("m-3", "retrying", len(fits.payload), encode_headers(fits.headers), once),
             ("m-5", "retrying", len(plain.payload), encode_headers(plain.headers), once),
             ("m-6", "dead", 0, "{}", loud_reason),
+            ("m-7", "dead", 0, encode_headers(behind.headers), behind_reason),
         ]
         dead = await store.execute(
             "SELECT id, LENGTH(payload) AS n, failure_reason FROM {dead_letters} ORDER BY id"
@@ -897,6 +903,7 @@ class TestMysqlInbox(InboxStoreContract):
             ("m-1", 0, reason.format(limit + 1)),
             ("m-2", 0, reason.format(limit // 2 + 1)),
             ("m-6", 0, loud_reason),
+            ("m-7", 0, behind_reason),
         ]
         await asyncio.sleep(0.1)
         redriven = await store.redrive_consume_failures(

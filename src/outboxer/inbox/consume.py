@@ -120,8 +120,12 @@ async def _deliver(
         if receipt.blocked or message.key in failing_keys:
             # A failure blocks its own key: this message is stored and re-driven after it.
             reason = f"waiting behind an earlier failed message of key {message.key!r}"
-            await tx.record_failure(consumer, message, 0, ConsumeFailure(reason, 0.0))
+            waiting = ConsumeFailure(reason, 0.0)
+            stored = await tx.record_failure(consumer, message, 0, waiting)
             outcome: ConsumeOutcome = "waiting"
+            if stored.retry_in is None:  # the store could not keep it (see record_failure)
+                await tx.dead_letter(message, 0, stored.reason)
+                outcome = "dead"
         else:
             # The first attempt, written inline: this loop runs once per delivered message.
             error = await run_handler(handler, message, 1, isolated=may_write(message))
@@ -142,8 +146,7 @@ async def _first_failure(
     error: Exception,
     on_failure: FailurePolicy,
 ) -> ConsumeOutcome:
-    failure = on_failure(message, 1, error)
-    await tx.record_failure(consumer, message, 1, failure)
+    failure = await tx.record_failure(consumer, message, 1, on_failure(message, 1, error))
     if failure.retry_in is None:
         await tx.dead_letter(message, 1, failure.reason)
         return "dead"

@@ -107,7 +107,7 @@ class _Session(SqlInboxSession):
 
     async def record_failure(
         self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
-    ) -> None:
+    ) -> ConsumeFailure:
         sql = self.q["inbox_failure_insert"]
         args = {
             **_message_args(message),
@@ -120,21 +120,19 @@ class _Session(SqlInboxSession):
         stored, unstored = await self._storable(sql, args)
         if unstored is None:
             await self.execute(sql, args)
-            return
-        # Without its payload the message cannot be handled again: dead at once, and in the
-        # dead letters, where operators see why (a failure already dead is dead-lettered by
-        # the core next, through dead_letter).
-        reason = f"{failure.reason}; {unstored}"
-        await self.execute(sql, {**stored, "reason": reason, "state": "dead"})
-        if failure.retry_in is not None:
-            await self.execute(self.q["inbox_dead_letter"], {**stored, "reason": reason})
+            return failure
+        # Without its payload the message cannot be handled again: dead at once (the core
+        # dead-letters it next, through dead_letter, where operators see why).
+        dead = ConsumeFailure(f"{failure.reason}; {unstored}", None)
+        await self.execute(sql, {**stored, "reason": dead.reason, "state": "dead"})
+        return dead
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
         sql = self.q["inbox_dead_letter"]
         reason = failure_reason(reason)
         args = {**_message_args(message), "attempts": attempts, "reason": reason}
         stored, unstored = await self._storable(sql, args)
-        if unstored is not None:
+        if unstored is not None and not reason.endswith(unstored):  # (record_failure's says)
             stored["reason"] = f"{reason}; {unstored}"
         await self.execute(sql, stored)
 

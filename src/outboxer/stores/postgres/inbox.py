@@ -188,7 +188,7 @@ class _Session(SqlInboxSession):
 
     async def record_failure(
         self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
-    ) -> None:
+    ) -> ConsumeFailure:
         await self.execute(
             self.q["inbox_failure_insert"],
             (
@@ -200,6 +200,7 @@ class _Session(SqlInboxSession):
                 "dead" if failure.retry_in is None else "retrying",
             ),
         )
+        return failure
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
         args = (*_message_args(message), failure_reason(reason), attempts)

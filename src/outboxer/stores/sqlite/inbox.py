@@ -64,7 +64,7 @@ class _Session(SqlInboxSession):
 
     async def record_failure(
         self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
-    ) -> None:
+    ) -> ConsumeFailure:
         params = {
             **_message_params(message),
             "consumer": consumer,
@@ -76,6 +76,7 @@ class _Session(SqlInboxSession):
         await self.execute(self.q["inbox_failure_insert"], params)
         if failure.retry_in is not None:  # the inbox row outlives a pending failure
             await self.execute(self.q["inbox_hold"], {"consumer": consumer, "id": message.id})
+        return failure
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
         params = {
