@@ -259,8 +259,10 @@ def no_application_code() -> Iterator[None]:
         _no_application_code.reset(token)
 
 
-def _application_code() -> ApplicationCode:
-    return ApplicationCode("a payload whose encoding runs the application's code")
+def _application_code_allowed() -> None:
+    """Raise :class:`ApplicationCode` inside :func:`no_application_code`."""
+    if _no_application_code.get():
+        raise ApplicationCode("a payload whose encoding runs the application's code")
 
 
 def _json_default(value: Any) -> Any:
@@ -273,8 +275,7 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, set | frozenset | tuple):
         return list(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        if _no_application_code.get():
-            raise _application_code()
+        _application_code_allowed()
         return dataclasses.asdict(value)
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
@@ -310,12 +311,10 @@ def encode_payload(payload: object) -> tuple[bytes, str]:
             return payload.encode(), TEXT
         dump_json = getattr(payload, "model_dump_json", None)
         if callable(dump_json) and not isinstance(payload, type):
-            if _no_application_code.get():
-                raise _application_code()
+            _application_code_allowed()
             return str(dump_json()).encode(), JSON
         if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
-            if _no_application_code.get():
-                raise _application_code()
+            _application_code_allowed()
             payload = dataclasses.asdict(payload)
         return _PAYLOAD_ENCODER.encode(payload).encode(), JSON
     except (TypeError, ValueError, RecursionError, OverflowError) as exc:

@@ -81,6 +81,7 @@ from outboxer.writers import (
 __all__ = [
     "ASYNC",
     "LITERAL_BYTES",
+    "PACKET_MARGIN",
     "SYNC",
     "AsyncMysqlWriter",
     "MysqlWriter",
@@ -104,7 +105,7 @@ _PARAMETER_BYTES = 16
 #: Room left under ``max_allowed_packet`` for what the protocol adds to the statement (the
 #: command byte; the server refuses a statement one byte short of the limit: measured on
 #: MariaDB 10.11).
-_PACKET_MARGIN = 1024
+PACKET_MARGIN = 1024
 _MAX_ALLOWED_PACKET = "SELECT @@max_allowed_packet"
 
 
@@ -232,7 +233,7 @@ def _check(statement: Statement, max_allowed_packet: int, *, numbered: bool) -> 
     Raises:
         ConfigurationError: the statement (then of one row) is over ``max_allowed_packet``.
     """
-    if statement.size + _PACKET_MARGIN <= max_allowed_packet:
+    if statement.size + PACKET_MARGIN <= max_allowed_packet:
         return
     row = statement.row
     what = f"payload of {len(row.payload):,} bytes makes"

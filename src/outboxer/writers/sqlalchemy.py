@@ -31,6 +31,7 @@ from outboxer.message import Row
 from outboxer.writers import (
     AsyncStreamingWriter,
     SyncWriter,
+    Writer,
     find_writer,
     insert_into,
     stream_to_driver,
@@ -159,8 +160,7 @@ class AsyncSqlalchemyWriter:
     ) -> None:
         dialect = _dialect(conn)
         if dialect in _QUOTE:  # as SqlalchemyWriter's
-            connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
-            found = find_writer((await connection.get_raw_connection()).driver_connection)
+            _, found = await self._driver(conn)
             if found is not None:
                 writer, driver = found
                 if writer.is_async is True:
@@ -171,8 +171,7 @@ class AsyncSqlalchemyWriter:
     async def insert_many(
         self, conn: AsyncSession | AsyncConnection, names: TableNames, rows: Sequence[Row]
     ) -> None:
-        connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
-        found = find_writer((await connection.get_raw_connection()).driver_connection)
+        connection, found = await self._driver(conn)
         if found is not None:
             writer, driver = found
             if len(rows) >= _BEGIN_FOR_COPY and not writer.joins_transaction(driver):
@@ -191,8 +190,7 @@ class AsyncSqlalchemyWriter:
         names: TableNames,
         chunks: Iterator[Sequence[Row]],
     ) -> bool:
-        connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
-        found = find_writer((await connection.get_raw_connection()).driver_connection)
+        connection, found = await self._driver(conn)
         if found is None:
             return False
         writer, driver = found
@@ -203,6 +201,14 @@ class AsyncSqlalchemyWriter:
         return writer.joins_transaction(driver) and await writer.insert_chunks(
             driver, names, chunks
         )
+
+    async def _driver(
+        self, conn: AsyncSession | AsyncConnection
+    ) -> tuple[AsyncConnection, tuple[Writer, Any] | None]:
+        """The connection (the session's, begun if not yet) and the writer of the driver
+        underneath with its connection, if outboxer has one."""
+        connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+        return connection, find_writer((await connection.get_raw_connection()).driver_connection)
 
     def joins_transaction(self, conn: Any) -> bool:
         return True  # never wrapped itself

@@ -36,6 +36,7 @@ from outboxer.stores._common import (
 )
 from outboxer.stores.mysql.connection import MysqlPart, execute, fetch_all, transaction_on
 from outboxer.stores.mysql.relay import micros, text_row, utc
+from outboxer.writers.mysql import PACKET_MARGIN
 
 __all__ = ["MysqlInbox"]
 
@@ -44,8 +45,6 @@ _FRESH, _BLOCKED, _DUPLICATE = "f", "b", "d"
 #: A statement that may be larger than this is checked against the server's
 #: ``max_allowed_packet`` (one round trip, only then; no default has been smaller since MySQL 5.6).
 _LARGE_STATEMENT = 1 << 20
-#: Room left under ``max_allowed_packet`` for what the protocol adds (see writers/mysql.py).
-_PACKET_MARGIN = 1024
 
 
 #: The bytes asyncmy escapes as two (a backslash before them), in a session without
@@ -122,17 +121,17 @@ class _Session(SqlInboxSession):
             await self.execute(sql, args)
             return failure
         # Without its payload the message cannot be handled again: dead at once (the core
-        # dead-letters it next, through dead_letter, where operators see why).
-        dead = ConsumeFailure(f"{failure.reason}; {unstored}", None)
-        await self.execute(sql, {**stored, "reason": dead.reason, "state": "dead"})
-        return dead
+        # dead-letters it next, through dead_letter, which says why there too).
+        reason = f"{failure.reason}; {unstored}"
+        await self.execute(sql, {**stored, "reason": reason, "state": "dead"})
+        return ConsumeFailure(failure.reason, None)
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
         sql = self.q["inbox_dead_letter"]
         reason = failure_reason(reason)
         args = {**_message_args(message), "attempts": attempts, "reason": reason}
         stored, unstored = await self._storable(sql, args)
-        if unstored is not None and not reason.endswith(unstored):  # (record_failure's says)
+        if unstored is not None:
             stored["reason"] = f"{reason}; {unstored}"
         await self.execute(sql, stored)
 
@@ -144,7 +143,7 @@ class _Session(SqlInboxSession):
         if size <= _LARGE_STATEMENT:
             return args, None
         [row] = await self.fetch("SELECT @@max_allowed_packet AS packet", None)
-        limit = int(row["packet"]) - _PACKET_MARGIN
+        limit = int(row["packet"]) - PACKET_MARGIN
         if size <= limit:
             return args, None
         stored = {**args, "payload": b""}
@@ -154,7 +153,7 @@ class _Session(SqlInboxSession):
             left_out += f" and headers of {len(args['headers'].encode()):,} bytes"
         return (
             stored,
-            f"{left_out} over max_allowed_packet ({limit + _PACKET_MARGIN:,}); not stored",
+            f"{left_out} over max_allowed_packet ({limit + PACKET_MARGIN:,}); not stored",
         )
 
     async def lock_failure(self, consumer: str, message_id: str) -> PendingFailure | None:
