@@ -20,7 +20,8 @@ key                             ``str`` or ``int``, at most 255 bytes of UTF-8
 header names / values           ``str`` (a mapping of them); names at most 255 bytes
 every text above                no NUL character, no lone surrogate (PostgreSQL stores neither)
 payload                         see :func:`outboxer.message.encode_payload`; JSON has no NaN
-available_at                    aware or naive (= UTC) ``datetime``, or a ``timedelta``
+available_at                    aware or naive (= UTC) ``datetime``, or a ``timedelta``: in
+                                years 1-9999 in UTC
 ==============================  ===============================================================
 
 255 bytes: the limit of an AMQP short string (routing key, message id, type, header name) and
@@ -126,10 +127,21 @@ def _absolute(when: object) -> dt.datetime | None:
         try:
             return dt.datetime.now(dt.UTC) + when
         except OverflowError:
-            raise ConfigurationError(f"available_at: now + {when} is past year 9999") from None
+            raise ConfigurationError(
+                f"available_at: now + {when} is outside years 1-9999"
+            ) from None
     if isinstance(when, dt.datetime):
         # A naive datetime is taken as UTC, like datetime.utcnow() produces.
-        return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+        if not when.tzinfo:
+            return when.replace(tzinfo=dt.UTC)
+        try:
+            # asyncpg and the MySQL writers convert it to UTC, which must be a datetime too
+            when.astimezone(dt.UTC)
+        except OverflowError:
+            raise ConfigurationError(
+                f"available_at: {when.isoformat()} is outside years 1-9999 in UTC"
+            ) from None
+        return when
     raise ConfigurationError("available_at must be a datetime, a timedelta or None")
 
 

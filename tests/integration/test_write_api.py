@@ -708,6 +708,7 @@ def deeply_nested(depth: int = 100_000) -> list[Any]:
     return payload
 
 
+WEST, EAST = (dt.timezone(dt.timedelta(hours=hours)) for hours in (-5, 5))
 # Every value PostgreSQL (or a broker's short string) would refuse, and every type we cannot encode.
 BAD_CALLS: list[dict[str, Any]] = [
     {"topic": "", "payload": {}},
@@ -744,6 +745,10 @@ BAD_CALLS: list[dict[str, Any]] = [
     {"topic": "t", "payload": {}, "headers": {"h" * 256: "v"}},
     {"topic": "t", "payload": {}, "available_at": "tomorrow"},
     {"topic": "t", "payload": {}, "available_at": dt.timedelta(days=999_999_999)},
+    {"topic": "t", "payload": {}, "available_at": -dt.timedelta(days=999_999_999)},
+    # within years 1-9999 as given, not in UTC (which asyncpg and the MySQL writers convert to)
+    {"topic": "t", "payload": {}, "available_at": dt.datetime.max.replace(tzinfo=WEST)},
+    {"topic": "t", "payload": {}, "available_at": dt.datetime.min.replace(tzinfo=EAST)},
 ]
 GOOD = {"topic": "t", "payload": {"fine": True}}
 BAD_BATCHES: list[list[Any]] = [
