@@ -145,6 +145,23 @@ def _absolute(when: object) -> dt.datetime | None:
     raise ConfigurationError("available_at must be a datetime, a timedelta or None")
 
 
+def _listed(messages: object) -> list[Any]:
+    """The messages of an ``enqueue_many`` batch as a list, or ConfigurationError for what is
+    no batch: one message's mapping (its keys would be taken for messages, and refused as
+    "message 0"), a string, or no iterable at all."""
+    if not isinstance(messages, Mapping | str | bytes):
+        try:
+            iterator = iter(messages)  # type: ignore[call-overload]
+        except TypeError:
+            pass
+        else:
+            return list(iterator)
+    what = "one mapping" if isinstance(messages, Mapping) else type(messages).__name__
+    raise ConfigurationError(
+        f"messages must be an iterable of mappings, one per message, not {what}"
+    )
+
+
 def _row(
     topic: object,
     payload: object,
@@ -318,7 +335,7 @@ class Outbox:
         Raises:
             ConfigurationError: naming the position of the first message refused.
         """
-        messages = list(messages)
+        messages = _listed(messages)
         return [row for chunk in self._chunks(messages, len(messages) or 1) for row in chunk]
 
     def _chunks(self, messages: list[Any], size: int) -> Iterator[list[Row]]:
@@ -413,7 +430,7 @@ class Outbox:
         ``messages`` holds mappings of :meth:`enqueue`'s arguments, e.g.
         ``{"topic": "orders", "payload": {...}, "key": "42"}``.
         """
-        messages = list(messages)
+        messages = _listed(messages)
         writer, target = sync_writer(conn)
         if isinstance(writer, SyncStreamingWriter) and self._streams(messages):
             chunks, ids = self._streamed(messages)
@@ -429,7 +446,7 @@ class Outbox:
         self, conn: Any, messages: Iterable[Mapping[str, Any]]
     ) -> list[str]:
         """Async twin of :meth:`enqueue_many`, for the connections of :meth:`enqueue_async`."""
-        messages = list(messages)
+        messages = _listed(messages)
         writer, target = async_writer(conn)
         if isinstance(writer, AsyncStreamingWriter) and self._streams(messages):
             chunks, ids = self._streamed(messages)

@@ -760,6 +760,11 @@ BAD_BATCHES: list[list[Any]] = [
 ]
 
 
+# What is no batch at all: one message's mapping (whose keys were taken for messages), a string,
+# nothing.
+NOT_BATCHES: list[Any] = [GOOD, "topic", b"topic", None, 3]
+
+
 async def test_refused_values_leave_the_transaction_usable(database: Database) -> None:
     async with database.transaction() as tx:
         for call in BAD_CALLS:
@@ -768,6 +773,9 @@ async def test_refused_values_leave_the_transaction_usable(database: Database) -
         for batch in BAD_BATCHES:
             with pytest.raises(OutboxerError, match=r"^message 1: "):
                 await tx.enqueue_many(batch)
+        for not_a_batch in NOT_BATCHES:
+            with pytest.raises(OutboxerError, match=r"^messages must be an iterable of mappings"):
+                await tx.enqueue_many(not_a_batch)
         # the wrong twin is refused before any SQL too
         if tx.is_async:
             with pytest.raises(ConfigurationError, match="asynchronous"):
