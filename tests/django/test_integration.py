@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
-from django.db import connection, connections, transaction
+from django.db import IntegrityError, connection, connections, transaction
 from django.test import override_settings
 from pydantic import BaseModel
 
@@ -87,6 +87,26 @@ def test_a_long_batch_is_all_or_nothing_inside_atomic(alias: str) -> None:
         ids = enqueue_many(batch, using=alias)
     assert len(ids) == 2500
     assert outbox_rows(alias) == [("bulk", None, None, f'{{"n":{n}}}') for n in range(2500)]
+
+
+@db
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_write_the_database_refuses_raises_djangos_exception(alias: str) -> None:
+    """An id stored before, in a batch (short, or long: streamed on PostgreSQL and MariaDB) or
+    in one large row on MariaDB, all handed to the driver's writer: the application's
+    ``except django.db.IntegrityError`` catches it, as when a row goes through Django's cursor
+    (the driver's own IntegrityError went past it)."""
+    with transaction.atomic(using=alias):
+        stored = enqueue("orders", {}, using=alias)
+    twice = {"topic": "orders", "payload": {}, "id": stored}
+    batch = [{"topic": "bulk", "payload": {"n": n}} for n in range(2500)]
+    for refused in ([twice], [*batch[:2200], twice, *batch[2200:]]):
+        with pytest.raises(IntegrityError), transaction.atomic(using=alias):
+            enqueue_many(refused, using=alias)
+    for payload in ({}, b"x" * 70_000):
+        with pytest.raises(IntegrityError), transaction.atomic(using=alias):
+            enqueue("orders", payload, id=stored, using=alias)
+    assert outbox_rows(alias) == [("orders", None, None, "{}")]
 
 
 @db

@@ -14,7 +14,9 @@ INSERTs; sqlite3: ``executemany``), handed Django's own driver connection: Djang
 transaction on that connection (autocommit off inside ``atomic()``, or its explicit ``BEGIN``
 on SQLite), so the rows join it; a long batch inside ``atomic()`` is streamed as there
 (``insert_chunks``). A driver outboxer has no writer for (psycopg2) gets Django's
-``executemany``.
+``executemany``. Whichever way rows go, a statement the database refuses raises Django's
+exception (``django.db.IntegrityError`` ...) with the driver's as its cause, as Django's cursor
+does.
 
 Django's connections are synchronous: in an async view, run the whole transaction (ORM writes
 and ``enqueue``) in one function wrapped by ``asgiref.sync.sync_to_async``; see
@@ -75,7 +77,8 @@ class DjangoWriter:
             conn.ensure_connection()
             found = find_writer(conn.connection)
             if found is not None and found[0].is_async is False:
-                found[0].insert(found[1], names, row)
+                with conn.wrap_database_errors:  # (see insert_many)
+                    found[0].insert(found[1], names, row)
                 return
         with conn.cursor() as cursor:
             cursor.execute(_insert(names, conn.vendor), _params(row, conn.vendor))
@@ -86,7 +89,10 @@ class DjangoWriter:
         conn.ensure_connection()
         found = find_writer(conn.connection)
         if found is not None and found[0].is_async is False:
-            found[0].insert_many(found[1], names, rows)
+            # the driver's exceptions as Django's, as its cursor raises them: the application
+            # catches django.db.IntegrityError, not psycopg's or MySQLdb's
+            with conn.wrap_database_errors:
+                found[0].insert_many(found[1], names, rows)
             return
         with conn.cursor() as cursor:
             cursor.executemany(
@@ -97,7 +103,8 @@ class DjangoWriter:
         self, conn: BaseDatabaseWrapper, names: TableNames, chunks: Iterator[Sequence[Row]]
     ) -> bool:
         conn.ensure_connection()
-        return stream_to_driver(conn.connection, names, chunks)
+        with conn.wrap_database_errors:  # (see insert_many)
+            return stream_to_driver(conn.connection, names, chunks)
 
     def joins_transaction(self, conn: BaseDatabaseWrapper) -> bool:
         # Every statement on a Django connection runs in the transaction Django has open there.
