@@ -493,6 +493,15 @@ def async_streaming_database(request: pytest.FixtureRequest) -> Database:
 
 
 @pytest.fixture(
+    params=[kind for kind in KINDS if kind.database == "postgres" and kind.is_async], ids=str
+)
+def async_postgres_database(request: pytest.FixtureRequest) -> Database:
+    """The asynchronous kinds on PostgreSQL: their streamed batch is held by a savepoint that a
+    cancellation rolls back too."""
+    return _database(request, request.param)
+
+
+@pytest.fixture(
     params=[
         kind for kind in KINDS if kind.open in (sqlalchemy_session_tx, sqlalchemy_mysql_session_tx)
     ],
@@ -1052,6 +1061,37 @@ async def test_a_long_batch_cancelled_at_any_moment_is_stored_whole_or_not_at_al
         outcomes.add(stored)
         await database.store.execute("DELETE FROM {outbox}")
     assert 0 in outcomes  # (the cancellations did reach the batch)
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["good", "refused"])
+async def test_a_long_batch_cancelled_on_postgresql_leaves_the_transaction_usable(
+    async_postgres_database: Database, refused: bool
+) -> None:
+    """On PostgreSQL the savepoint that holds a streamed batch keeps the caller's transaction
+    usable after a cancellation too, wherever it comes: the caller, taking it for "skip it",
+    writes on and commits (psycopg's COPY cut by the cancellation left the connection in the
+    COPY: the next statement failed, "another command is already in progress")."""
+    database = async_postgres_database
+    batch = [{"topic": "t", "payload": {"n": n}} for n in range(3000)]
+    if refused:
+        batch[2500] = {**GOOD, "payload": float("nan")}
+    outcomes = set()
+    for turns in range(0, 120, 3):
+        async with database.transaction() as tx:
+            before = await tx.enqueue(**GOOD)
+            task = asyncio.ensure_future(tx.enqueue_many(batch))
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OutboxerError):
+                await task
+            after = await tx.enqueue(**GOOD)
+        ids = [r["id"] for r in await database.rows()]
+        assert ids[0] == before and ids[-1] == after, f"after {turns} turns"
+        assert len(ids) in ((2,) if refused else (2, 2 + len(batch))), f"after {turns} turns"
+        outcomes.add(len(ids))
+        await database.store.execute("DELETE FROM {outbox}")
+    assert 2 in outcomes  # (the cancellations did reach the batch)
 
 
 async def test_a_batch_the_database_refuses_in_part_writes_none_of_it(

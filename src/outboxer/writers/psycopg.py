@@ -12,6 +12,7 @@ pipelines into one round trip.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Sequence
 from functools import cache
 from typing import Literal
@@ -43,6 +44,23 @@ def _can_copy(conn: psycopg.Connection | psycopg.AsyncConnection, rows: Sequence
     return conn.info.pipeline_status == pq.PipelineStatus.OFF and all(
         row.available_at is None for row in rows
     )
+
+
+def _until_cancelled(chunks: Iterator[Sequence[Row]]) -> Iterator[Sequence[Row]]:
+    """``chunks``, ended by CancelledError before the next chunk once the calling task is
+    cancelled (again: it may have caught a cancellation before)."""
+    task = asyncio.current_task()
+    if task is None:
+        return chunks
+    cancelling = task.cancelling()
+
+    def taking() -> Iterator[Sequence[Row]]:
+        for chunk in chunks:
+            if task.cancelling() > cancelling:
+                raise asyncio.CancelledError
+            yield chunk
+
+    return taking()
 
 
 class PsycopgWriter:
@@ -141,19 +159,29 @@ class AsyncPsycopgWriter:
         if conn.autocommit or conn.info.pipeline_status != pq.PipelineStatus.OFF:
             return False  # as PsycopgWriter's
         refused: list[BaseException] = []
+        # Each statement to its end even if the caller is cancelled meanwhile: psycopg would
+        # cancel it on the server (aborting the caller's transaction) or, in the COPY, leave
+        # the connection there (the undo could not be sent). A cancellation ends the COPY
+        # before the next chunk instead, and the stored ones are undone.
         async with conn.cursor() as cursor:
-            await cursor.execute(f"SAVEPOINT {STREAM_SAVEPOINT}")
+            await finish(cursor.execute(f"SAVEPOINT {STREAM_SAVEPOINT}"))
             try:
-                async with cursor.copy(_copy(names)) as copy:
-                    for block in copy_chunks(chunks, refused):
-                        await copy.write(block)
+                data = copy_chunks(_until_cancelled(chunks), refused)
+                await finish(self._copy_in(cursor, names, data))
                 if refused:
                     raise refused[0]
             except BaseException:
-                await finish(cursor.execute(UNDO_STREAM))  # even if the caller is cancelled
+                await finish(cursor.execute(UNDO_STREAM))
                 raise
-            await cursor.execute(f"RELEASE SAVEPOINT {STREAM_SAVEPOINT}")
+            await finish(cursor.execute(f"RELEASE SAVEPOINT {STREAM_SAVEPOINT}"))
         return True
+
+    async def _copy_in(
+        self, cursor: psycopg.AsyncCursor, names: TableNames, data: Iterator[bytes]
+    ) -> None:
+        async with cursor.copy(_copy(names)) as copy:
+            for block in data:
+                await copy.write(block)
 
     def joins_transaction(self, conn: psycopg.AsyncConnection) -> bool:
         return True  # as PsycopgWriter's
