@@ -206,6 +206,40 @@ def test_ce_time_is_rfc3339_utc() -> None:
     assert parse_time("yesterday") is None
 
 
+def test_a_time_no_store_keeps_is_read_as_the_arrival_time() -> None:
+    """Any client sets the time a broker carries: milliseconds where seconds belong, an id of
+    its own choosing, a year a store cannot keep. Decoding never fails on it (the consumer
+    would stop at each redelivery) and gives a moment every store keeps."""
+    before = dt.datetime.now(dt.UTC)
+    decoded = [
+        rabbitmq_wire.decode(
+            routing_key="t",
+            body=b"",
+            message_id="ms",
+            type=None,
+            timestamp=1_700_000_000_000,  # milliseconds: the year 55840
+            content_type=None,
+            headers=None,
+        ),
+        redis_wire.decode(stream="t", entry_id="253402300800000-0", fields={b"id": b"year-10000"}),
+        kafka_wire.decode(
+            topic="t", partition=0, offset=1, key=None, value=b"", headers=None,
+            timestamp_ms=2**62,
+        ),
+        kafka_wire.decode(
+            topic="t", partition=0, offset=2, key=None, value=b"",
+            headers=[("ce_time", "0001-01-01T00:00:00+01:00")],  # UTC: the year 0
+        ),
+        nats_wire.decode(
+            subject="t", data=b"", headers={"ce-time": "9999-12-31T23:59:59-05:00"}
+        ),
+        nats_wire.decode(subject="t", data=b"", headers={"ce-time": "0999-12-31T23:59:59Z"}),
+    ]  # fmt: skip
+    for message in decoded:
+        assert before <= message.created_at <= dt.datetime.now(dt.UTC), message
+    assert parse_time("1000-01-01T00:00:00Z") == dt.datetime(1000, 1, 1, tzinfo=dt.UTC)
+
+
 def test_rabbitmq_text_that_is_not_utf8_is_decoded_with_replacement_characters() -> None:
     """pika hands a short string that is not UTF-8 over as bytes (any client can send one)."""
     decoded = rabbitmq_wire.decode(

@@ -18,6 +18,7 @@ __all__ = [
     "SPECVERSION",
     "Binding",
     "format_time",
+    "moment_from_epoch",
     "parse_time",
 ]
 
@@ -65,12 +66,36 @@ def format_time(created_at: dt.datetime) -> str:
     return created_at.isoformat(timespec="microseconds") + "Z"
 
 
+#: The moments every store keeps (MariaDB's ``DATETIME`` range; PostgreSQL's drivers refuse a
+#: moment whose UTC falls outside Python's years 1-9999). Any client can publish a time, so a
+#: decoder takes a moment outside these as unreadable: the message then gets its arrival time
+#: instead of stopping the consumer each time the broker delivers it again.
+_EARLIEST = dt.datetime(1000, 1, 1, tzinfo=dt.UTC)
+_LATEST = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
+#: The latest epoch seconds read: the last day's start (a float a hair under the year 10000
+#: rounds up into it).
+_LATEST_SECONDS = dt.datetime(9999, 12, 31, tzinfo=dt.UTC).timestamp()
+
+
 def parse_time(text: str | None) -> dt.datetime | None:
-    """The moment a ``time`` attribute names (UTC when it has no offset); ``None`` if unreadable."""
+    """The moment a ``time`` attribute names (UTC when it has no offset); ``None`` if
+    unreadable or outside the years 1000-9999 UTC (see :data:`_EARLIEST`)."""
     if not text:
         return None
     try:
         moment = dt.datetime.fromisoformat(text.strip())
     except ValueError:
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment if _EARLIEST <= moment <= _LATEST else None
+
+
+def moment_from_epoch(seconds: float) -> dt.datetime | None:
+    """The moment ``seconds`` after the Unix epoch (a broker's timestamp, set by whichever
+    client published); ``None`` for one that is not positive, not a number or outside the
+    years 1000-9999 (a client that wrote milliseconds where seconds belong: an AMQP
+    ``timestamp`` of 1700000000000 is the year 55840)."""
+    if not 0 < seconds <= _LATEST_SECONDS:  # also false for NaN
+        return None
+    return dt.datetime.fromtimestamp(seconds, dt.UTC)

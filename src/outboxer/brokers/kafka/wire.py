@@ -15,6 +15,7 @@ from outboxer.brokers.cloudevents import (
     KAFKA,
     SPECVERSION,
     format_time,
+    moment_from_epoch,
     parse_time,
 )
 from outboxer.message import OCTET_STREAM, Message
@@ -89,8 +90,8 @@ def decode(
             continue
         (own if name in RESERVED_HEADERS else user)[name] = text
     created = parse_time(own.get(KAFKA.time))
-    if created is None and timestamp_ms:
-        created = dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.UTC)
+    if created is None and timestamp_ms:  # any producer may set any CreateTime
+        created = moment_from_epoch(timestamp_ms / 1000)
     return Message(
         id=own.get(KAFKA.id) or f"kafka:{topic}:{partition}:{offset}",
         topic=topic,

@@ -20,6 +20,7 @@ import pika.data  # type: ignore[import-untyped]
 import pika.exceptions  # type: ignore[import-untyped]
 from pika.spec import BasicProperties  # type: ignore[import-untyped]
 
+from outboxer.brokers.cloudevents import moment_from_epoch
 from outboxer.message import OCTET_STREAM, Message
 
 __all__ = ["KEY_HEADER", "decode", "encode_properties"]
@@ -123,7 +124,7 @@ def decode(
             key = text
         elif text is not None:
             user[_text(name) or ""] = text
-    created = dt.datetime.fromtimestamp(timestamp, dt.UTC) if timestamp else dt.datetime.now(dt.UTC)
+    created = (timestamp and moment_from_epoch(timestamp)) or dt.datetime.now(dt.UTC)
     return Message(
         id=_text(message_id) or f"amqp:{uuid.uuid4()}",
         topic=_text(routing_key) or "",

@@ -14,6 +14,7 @@ import datetime as dt
 import json
 from collections.abc import Mapping
 
+from outboxer.brokers.cloudevents import moment_from_epoch
 from outboxer.message import OCTET_STREAM, Message
 
 __all__ = ["MAX_PAYLOAD_BYTES", "decode", "xadd"]
@@ -82,7 +83,8 @@ def decode(*, stream: str, entry_id: str, fields: Mapping[bytes | str, bytes | s
         if isinstance(decoded, dict):
             headers = {str(k): str(v) for k, v in decoded.items()}
     millis = entry_id.partition("-")[0]
-    created = dt.datetime.fromtimestamp(int(millis) / 1000, dt.UTC) if millis.isdigit() else None
+    # A client may XADD with an id of its own choosing: its milliseconds may be no moment.
+    created = moment_from_epoch(int(millis) / 1000) if millis.isdigit() else None
     return Message(
         id=_text(values.get("id")) or f"redis:{stream}:{entry_id}",
         topic=stream,
