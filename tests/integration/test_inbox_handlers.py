@@ -30,7 +30,7 @@ from outboxer.inbox import (
     PermanentHandlerError,
     UndecodablePayload,
 )
-from outboxer.inbox.consumer import Deliveries
+from outboxer.inbox.consumer import Deliveries, run_consumer
 from outboxer.message import Message, encode_payload
 from outboxer.ports import DeadLetterFilter
 from outboxer.stores.postgres import PostgresStore
@@ -409,6 +409,45 @@ async def test_a_batch_not_stored_holds_back_the_batches_after_it() -> None:
     inbox.stop()
     assert not await deliveries.finish()
     assert ran == [] and acked == []
+
+
+class RefusingStore(InMemoryStore):
+    """Every inbox session fails with an error that is no outage (a value the driver refuses,
+    a bug): the inbox does not retry it in place."""
+
+    def inbox_session(self) -> Any:
+        raise ConfigurationError("invalid value: date value out of range")
+
+
+async def test_a_batch_that_fails_stops_the_consumer_at_once_even_when_nothing_else_arrives() -> (
+    None
+):
+    """The adapter learns of a batch's failure only when it settles it, i.e. when it hands
+    over later batches. With nothing more to read the consumer must still stop (loudly, so a
+    supervisor restarts it), not sit there alive and idle, and acknowledge nothing."""
+    registry = HandlerRegistry()
+    registry.register(lambda message: None, "T")
+    inbox = Inbox(RefusingStore(), registry, settings())
+    acked: list[str] = []
+
+    async def acknowledge() -> None:
+        acked.append("acked")
+
+    class OneBatchBroker:
+        async def __aenter__(self) -> OneBatchBroker:
+            return self
+
+        async def __aexit__(self, *exc_info: object) -> None:
+            return None
+
+        async def run(self, deliver: Any, stop: asyncio.Event) -> None:
+            async with Deliveries(deliver) as deliveries:
+                assert await deliveries.submit([event({}, "T")], acknowledge)
+                await stop.wait()  # no new message: nothing more is submitted
+
+    with pytest.raises(ConfigurationError, match="out of range"):
+        await asyncio.wait_for(run_consumer(inbox, OneBatchBroker()), 5)
+    assert acked == []
 
 
 async def test_permanent_handler_errors_are_dead_letters_at_once() -> None:

@@ -15,7 +15,10 @@ database is down) the adapter acknowledges neither that batch nor any after it, 
 consumptions) and the shared sweep, until ``inbox.stop()`` (SIGTERM/SIGINT in the CLI): the
 adapter stops fetching, the batches in progress finish and are acknowledged, connections close.
 A batch that has not finished within ``shutdown_timeout`` is abandoned (its transactions roll
-back, nothing is acknowledged, the broker delivers it again).
+back, nothing is acknowledged, the broker delivers it again). A batch that fails for another
+reason than an outage (which the inbox retries in place) — a bug, a value the database refuses —
+stops the consumer at once: nothing more is read or acknowledged and :func:`run_consumer` raises
+the error, also when the adapter has no further batch to hand over.
 """
 
 from __future__ import annotations
@@ -182,17 +185,34 @@ async def run_consumer(
     background = [asyncio.create_task(inbox.run_redrives(), name="outboxer-redrive")]
     if sweeper is not None:
         background.append(asyncio.create_task(inbox.run_sweeps(sweeper), name="outboxer-sweep"))
+    failed: list[Exception] = []
+
+    async def deliver(batch: Sequence[Message]) -> object:
+        try:
+            return await inbox.receive_batch(batch)
+        except ConsumerStopping:
+            raise
+        except Exception as exc:
+            # Not an outage (retried in place) but a bug or a value the database refuses.
+            # The adapter would learn of it only when it settles this batch, after handing
+            # over more: with nothing more to read the consumer would sit alive and idle.
+            # Reading stops now (nothing more is acknowledged) and the failure is the
+            # consumer's.
+            if not failed:
+                failed.append(exc)
+                reader.cancel()
+            raise
+
     try:
         async with broker:
-            reader = asyncio.create_task(
-                broker.run(inbox.receive_batch, stop), name="outboxer-read"
-            )
+            reader = asyncio.create_task(broker.run(deliver, stop), name="outboxer-read")
             stopping = asyncio.create_task(stop.wait())
             done, _ = await asyncio.wait({reader, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if reader not in done:
-                try:
-                    await asyncio.wait_for(asyncio.shield(reader), shutdown_timeout)
-                except TimeoutError:
+                # asyncio.wait, not wait_for: the reader cancelled by a failed batch (above)
+                # must not raise CancelledError here
+                finished, _ = await asyncio.wait({reader}, timeout=shutdown_timeout)
+                if not finished:
                     log.warning(
                         "consumer %r: the batch in progress did not finish within %.0f s; it "
                         "is abandoned (not acknowledged: the broker delivers it again)",
@@ -203,6 +223,8 @@ async def run_consumer(
                     with contextlib.suppress(asyncio.CancelledError):
                         await reader
             stopping.cancel()
+            if failed:
+                raise failed[0]
             if not reader.cancelled():
                 reader.result()  # an adapter failure (not a stop) is the consumer's
     finally:
