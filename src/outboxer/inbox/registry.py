@@ -33,14 +33,17 @@ instance of a class with ``__call__`` can be registered directly (with its setti
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import importlib
 import inspect
+import threading
 import typing
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from outboxer.errors import ConfigurationError, PermanentHandlerError, UndecodablePayload
 from outboxer.message import Message
@@ -59,6 +62,8 @@ Handler = Callable[..., Any] | Callable[..., Awaitable[Any]]
 
 #: Routes (see :meth:`HandlerRegistry.route`) kept at most.
 _ROUTES = 1024
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +161,42 @@ class Route:
             if signature.is_async:
                 await signature.call(handler, message, context)
             else:
-                await asyncio.to_thread(signature.call, handler, message, context)
+                await _in_daemon_thread(signature.call, handler, message, context)
+
+
+async def _in_daemon_thread(function: Callable[..., _T], *args: Any) -> _T:
+    """``function(*args)`` in a worker thread, as ``asyncio.to_thread`` does, but in a daemon
+    thread of its own.
+
+    ``asyncio.run`` and the interpreter's exit join every thread of the default executor, so a
+    plain handler that never returns (a hung SMTP call) would keep a consumer alive for good
+    after its stop abandoned the batch (``--shutdown-timeout``). A daemon thread ends with the
+    process. Starting one costs some 50 µs, little beside the blocking call a plain handler
+    makes (fast handlers are ``async``).
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.done():  # the awaiting task was cancelled (the batch abandoned)
+            return
+        if error is None:
+            done.set_result(result)
+        else:
+            done.set_exception(error)
+
+    def work() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (context.run(function, *args), None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            outcome = (None, exc)
+        # The loop may be closed by now (the process stopping without this handler).
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=work, name="outboxer-handler", daemon=True).start()
+    return await done
 
 
 def _decoder_for(annotation: Any, handler: Handler) -> tuple[Callable[[Message], Any], str | None]:
