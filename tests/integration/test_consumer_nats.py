@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
@@ -10,8 +11,9 @@ import nats.js.errors
 import pytest
 
 from outboxer.brokers.nats import NatsConsumerSettings
-from outboxer.brokers.nats.consumer import durable_name
+from outboxer.brokers.nats.consumer import NatsConsumer, durable_name
 from outboxer.brokers.nats.publisher import NatsPublisher
+from outboxer.errors import ConfigurationError
 from outboxer.message import Message
 from tests.conftest import require_service, unique_name
 from tests.contracts.consumer import ConsumerContract, Prepare, Publish
@@ -76,6 +78,33 @@ class TestNatsConsumer(ConsumerContract):
 
 def test_durable_names_are_valid_nats_names() -> None:
     assert durable_name("svc.v1", "orders.*.created") == "svc_v1_orders___created"
+
+
+async def test_two_subjects_that_would_share_a_durable_are_refused() -> None:
+    """``a.b`` and ``a_b`` (or consumer ``x.y`` on ``z`` and consumer ``x`` on ``y.z``) give
+    the same durable name. Sharing it, the second subject's messages were never fetched (the
+    durable keeps the first one's filter), silently; or two consumers took each other's
+    messages. A durable that filters another subject is refused in one line instead."""
+    require_service("NATS", "127.0.0.1", 4222)
+    prefix = unique_name("ob")
+    dotted, underscored = f"{prefix}.b", f"{prefix}_b"
+    client = await nats.connect(NATS)
+    js = client.jetstream()
+    stream = unique_name("OB")
+    await js.add_stream(name=stream, subjects=[dotted, underscored])
+    try:
+        settings = NatsConsumerSettings.from_url(NATS, name="svc", topics=[underscored, dotted])
+        consumer = NatsConsumer(settings)
+
+        async def deliver(batch: Sequence[Message]) -> None:
+            raise AssertionError("nothing is fetched")
+
+        async with consumer:
+            with pytest.raises(ConfigurationError, match="already filters"):
+                await asyncio.wait_for(consumer.run(deliver, asyncio.Event()), 20)
+    finally:
+        await js.delete_stream(stream)
+        await client.close()
 
 
 def test_consumer_options_are_taken_out_of_the_url() -> None:

@@ -139,6 +139,23 @@ class NatsConsumer:
                 f"'nats stream add --subjects {subject!r}'"
             ) from None
         durable = durable_name(self.settings.name, subject)
+        # Names are sanitized, so two subjects ("a.b", "a_b"), or two consumers ("x.y" on "z",
+        # "x" on "y.z"), may come to one durable. nats-py reuses an existing durable as it is:
+        # the second subject's messages would never be fetched, or two consumers would take
+        # each other's, silently. A durable that filters another subject is refused.
+        try:
+            existing = await js.consumer_info(stream, durable)
+        except nats.js.errors.NotFoundError:
+            existing = None
+        if existing is not None:
+            filters = existing.config.filter_subjects or [existing.config.filter_subject]
+            if filters != [subject]:
+                named = ", ".join(map(repr, filter(None, filters))) or "every subject"
+                raise ConfigurationError(
+                    f"cannot consume subject {subject!r} as NATS durable {durable!r}: it "
+                    f"already filters {named} (durable names replace "
+                    "'.', '*', '>' and spaces by '_'); consume it under another --consumer-name"
+                )
         config = ConsumerConfig(
             durable_name=durable,
             ack_policy=AckPolicy.EXPLICIT,
