@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from redis.asyncio import Redis
 
-from outboxer.brokers.redis import RedisConsumerSettings
+from outboxer.brokers.redis import RedisConsumer, RedisConsumerSettings
 from outboxer.brokers.redis.publisher import RedisPublisher
 from outboxer.message import Message
-from tests.conftest import require_service
-from tests.contracts.consumer import ConsumerContract, Prepare, Publish
+from tests.conftest import require_service, unique_name
+from tests.contracts.consumer import ConsumerContract, Prepare, Publish, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -68,6 +69,44 @@ class TestRedisConsumer(ConsumerContract):
                 await client.aclose()
 
         return publish
+
+
+async def test_a_stream_deleted_under_a_blocked_read_is_consumed_again() -> None:
+    """An operator deletes the stream while the consumer blocks on it (Redis answers the read
+    ``UNBLOCKED the stream key no longer exists``, not ``NOGROUP``): the consumer creates its
+    group again and goes on with what is written next, instead of stopping."""
+    require_service("Redis", "127.0.0.1", 6379)
+    stream = unique_name("ob")
+    consumer = RedisConsumer(
+        RedisConsumerSettings.from_url(f"{REDIS}?block=3", name="svc", topics=[stream])
+    )
+    seen: list[str] = []
+
+    async def deliver(batch: Sequence[Message]) -> None:
+        seen.extend(m.id for m in batch)
+
+    client = Redis.from_url(REDIS)
+    stop = asyncio.Event()
+    try:
+        await client.xadd(stream, {"id": "before", "payload": "x"})
+        async with consumer:
+            running = asyncio.create_task(consumer.run(deliver, stop))
+            await wait_for(lambda: _true(seen == ["before"]), "the first entry")
+            await asyncio.sleep(0.2)  # blocked in XREADGROUP by now
+            await client.delete(stream)
+            await client.xadd(stream, {"id": "after", "payload": "y"})
+            await wait_for(lambda: _true(seen == ["before", "after"] or running.done()), "more")
+            assert not running.done(), running.exception()
+            assert seen == ["before", "after"]
+            stop.set()
+            await running
+    finally:
+        await client.delete(stream)
+        await client.aclose()
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 def test_consumer_options_are_taken_out_of_the_url() -> None:

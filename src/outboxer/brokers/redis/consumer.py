@@ -142,9 +142,11 @@ class RedisConsumer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
             except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
+                # NOGROUP: the group (or the stream) is gone; a read blocked on the stream when
+                # it was deleted is answered "UNBLOCKED the stream key no longer exists" instead.
+                if not str(exc).startswith(("NOGROUP", "UNBLOCKED")):
                     raise
-                log.warning("consumer group missing (stream deleted?): creating it again")
+                log.warning("consumer group missing (stream deleted?): creating it again (%s)", exc)
                 self._groups_ready = False
 
     async def _read(self, client: Redis, deliveries: Deliveries) -> bool:
