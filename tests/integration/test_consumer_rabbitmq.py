@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pika  # type: ignore[import-untyped]
 import pika.exceptions  # type: ignore[import-untyped]
@@ -64,6 +65,62 @@ class TestRabbitMQConsumer(ConsumerContract):
                 assert list(await publisher.publish(messages)) == [None] * len(messages)
 
         return publish
+
+
+def _queue_exists(queue: str) -> bool:
+    connection = pika.BlockingConnection(pika.URLParameters(AMQP))
+    try:
+        connection.channel().queue_declare(queue, passive=True)
+    except pika.exceptions.ChannelClosedByBroker:
+        return False
+    finally:
+        with contextlib.suppress(pika.exceptions.AMQPError):
+            connection.close()
+    return True
+
+
+async def test_a_queue_deleted_under_the_consumer_is_declared_again_and_consumed() -> None:
+    """An operator deletes the queue: RabbitMQ cancels the consumer (``basic.cancel``). It
+    used to go on waiting for deliveries that would never come, alive and silent; now it
+    reconnects, declares and binds the queue again and consumes what is published next."""
+    require_service("RabbitMQ", "127.0.0.1", 5672)
+    exchange, queue, topic = unique_name("x"), unique_name("q"), unique_name("t")
+    url = f"{AMQP}?exchange={exchange}"
+    seen: list[str] = []
+
+    async def deliver(batch: Sequence[Message]) -> None:
+        seen.extend(m.id for m in batch)
+
+    async def publish(message_id: str) -> None:
+        message = Message(id=message_id, topic=topic, payload=b"{}")
+        async with RabbitMQPublisher.from_url(url) as publisher:
+            assert list(await publisher.publish([message])) == [None]
+
+    async def until(check: Any, what: str) -> None:
+        for _ in range(200):
+            if await check():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    stop = asyncio.Event()
+    try:
+        async with consumer_from_url(url, name=queue, topics=[topic]) as consumer:
+            running = asyncio.create_task(consumer.run(deliver, stop))
+            await publish("before")
+            await until(lambda: _now(seen == ["before"]), "the first message")
+            await asyncio.to_thread(_delete, exchange, [queue])
+            await until(lambda: asyncio.to_thread(_queue_exists, queue), "the queue again")
+            await publish("after")
+            await until(lambda: _now(seen == ["before", "after"]), "the next message")
+            stop.set()
+            await running
+    finally:
+        await asyncio.to_thread(_delete, exchange, [queue])
+
+
+async def _now(value: bool) -> bool:
+    return value
 
 
 def test_the_key_header_is_the_documented_one() -> None:

@@ -26,7 +26,9 @@ option          default                meaning
 ==============  =====================  ====================================================
 
 When RabbitMQ is unreachable the adapter retries with a backoff (1 s doubling to 30 s) and
-logs one line per failed attempt.
+logs one line per failed attempt. A consumer RabbitMQ cancels (its queue was deleted) counts as
+a lost connection: the adapter reconnects and declares the queue and its bindings again
+(messages published while the queue did not exist were dropped by RabbitMQ).
 """
 
 from __future__ import annotations
@@ -119,6 +121,12 @@ class _Link:
                 )
 
             await self._rpc(bind)
+        # RabbitMQ cancels a consumer whose queue is deleted (or whose quorum queue leader
+        # moves) with basic.cancel; the channel stays open and no delivery would ever come
+        # again. Lose the link instead: the adapter reconnects and declares the queue again.
+        channel.add_on_cancel_callback(
+            lambda frame: self._fail("RabbitMQ cancelled the consumer (queue deleted?)")
+        )
         channel.basic_consume(settings.queue, self._on_message, auto_ack=False)
         self._step = None
         self.channel = channel
