@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import nats
 import nats.js.errors
 import pytest
 
 from outboxer.brokers.nats import NatsConsumerSettings
+from outboxer.brokers.nats import consumer as nats_consumer
 from outboxer.brokers.nats.consumer import NatsConsumer, durable_name
 from outboxer.brokers.nats.publisher import NatsPublisher
 from outboxer.errors import ConfigurationError
@@ -102,6 +104,50 @@ async def test_two_subjects_that_would_share_a_durable_are_refused() -> None:
         async with consumer:
             with pytest.raises(ConfigurationError, match="already filters"):
                 await asyncio.wait_for(consumer.run(deliver, asyncio.Event()), 20)
+    finally:
+        await js.delete_stream(stream)
+        await client.close()
+
+
+async def test_a_durable_deleted_under_the_consumer_is_created_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An operator deletes the durable: JetStream then answers no fetch, and the consumer
+    used to wait for messages that never came, alive and silent. It now looks for its durable
+    while idle, creates it again and consumes what is published next."""
+    require_service("NATS", "127.0.0.1", 4222)
+    monkeypatch.setattr(nats_consumer, "_DURABLE_CHECK_SECONDS", 0.5)
+    subject = unique_name("ob")
+    client = await nats.connect(NATS)
+    js = client.jetstream()
+    stream = unique_name("OB")
+    await js.add_stream(name=stream, subjects=[subject])
+    seen: list[str] = []
+
+    async def deliver(batch: Sequence[Message]) -> None:
+        seen.extend(m.id for m in batch)
+
+    async def until(what: str, check: Any) -> None:
+        for _ in range(200):
+            if check():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    stop = asyncio.Event()
+    try:
+        settings = NatsConsumerSettings.from_url(NATS, name="svc", topics=[subject])
+        async with NatsConsumer(settings) as consumer:
+            running = asyncio.create_task(consumer.run(deliver, stop))
+            await js.publish(subject, b"{}", headers={"ce-id": "before"})
+            await until("the first message", lambda: seen == ["before"])
+            await js.delete_consumer(stream, durable_name("svc", subject))
+            await asyncio.sleep(1.5)  # the durable is found missing and created again
+            await js.publish(subject, b"{}", headers={"ce-id": "after"})
+            # created again from the start: "before" again too (the inbox drops it)
+            await until("the next message", lambda: "after" in seen)
+            stop.set()
+            await running
     finally:
         await js.delete_stream(stream)
         await client.close()

@@ -25,7 +25,10 @@ option               default         meaning
 ===================  ==============  ========================================================
 
 The client reconnects by itself after a connection loss; the first connection is retried with
-a backoff (1 s doubling to 30 s).
+a backoff (1 s doubling to 30 s). JetStream answers no fetch of a durable that was deleted (by
+an operator) while the consumer runs, so an idle consumer looks for its durables every 10 s and
+creates a missing one again, from the start of the stream as on a first start (the inbox drops
+what it handled within its retention).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ log = logging.getLogger("outboxer.consumer.nats")
 
 #: How long one fetch waits for the first message: the longest delay before a stop is noticed.
 _FETCH_SECONDS = 1.0
+#: How often an idle consumer checks that its durable still exists (seconds).
+_DURABLE_CHECK_SECONDS = 10.0
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -184,25 +189,41 @@ class NatsConsumer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
         client = self._client
-        subscriptions = [await self._subscribe(client, subject) for subject in self.settings.topics]
-        await asyncio.gather(*(self._consume(client, sub, deliver, stop) for sub in subscriptions))
+        subscriptions = [
+            (subject, await self._subscribe(client, subject)) for subject in self.settings.topics
+        ]
+        await asyncio.gather(
+            *(self._consume(client, *subscribed, deliver, stop) for subscribed in subscriptions)
+        )
 
     async def _consume(
-        self, client: Client, subscription: Any, deliver: Deliver, stop: asyncio.Event
+        self, client: Client, subject: str, subscription: Any, deliver: Deliver, stop: asyncio.Event
     ) -> None:
         async with Deliveries(deliver) as deliveries:
-            await self._fetch(client, subscription, deliveries, stop)
+            await self._fetch(client, subject, subscription, deliveries, stop)
 
     async def _fetch(
-        self, client: Client, subscription: Any, deliveries: Deliveries, stop: asyncio.Event
+        self,
+        client: Client,
+        subject: str,
+        subscription: Any,
+        deliveries: Deliveries,
+        stop: asyncio.Event,
     ) -> None:
+        loop = asyncio.get_running_loop()
+        next_check = loop.time() + _DURABLE_CHECK_SECONDS
         while not stop.is_set():
             try:
                 batch: list[Msg] = await subscription.fetch(
                     self.settings.batch_size, timeout=_FETCH_SECONDS
                 )
             except (TimeoutError, nats.errors.TimeoutError):
-                continue  # nothing new
+                # Nothing new, or the durable is gone (an operator deleted it): JetStream
+                # answers no fetch of a missing durable, so it is looked for while idle.
+                if loop.time() >= next_check:
+                    next_check = loop.time() + _DURABLE_CHECK_SECONDS
+                    subscription = await self._durable_of(client, subject, subscription)
+                continue
             except nats.errors.Error as exc:
                 log.warning("NATS fetch failed: %s", exc)
                 with contextlib.suppress(TimeoutError):
@@ -226,6 +247,20 @@ class NatsConsumer:
             acknowledge = functools.partial(self._acknowledge, client, batch)
             if not await deliveries.submit(messages, acknowledge):
                 return  # not acknowledged: JetStream delivers them again after ack_wait
+
+    async def _durable_of(self, client: Client, subject: str, subscription: Any) -> Any:
+        """``subscription``, or a new one (its durable created again, from the start of the
+        stream: the inbox drops what it handled) when its durable was deleted."""
+        try:
+            await subscription.consumer_info()
+        except nats.js.errors.NotFoundError:
+            log.warning("durable consumer of %r is gone (deleted?): creating it again", subject)
+            with contextlib.suppress(nats.errors.Error):
+                await subscription.unsubscribe()
+            return await self._subscribe(client, subject)
+        except (TimeoutError, nats.errors.Error):
+            pass  # cannot tell now; looked for again later
+        return subscription
 
     async def _acknowledge(self, client: Client, batch: list[Msg]) -> None:
         try:
