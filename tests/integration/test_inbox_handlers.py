@@ -594,6 +594,48 @@ async def test_the_redrive_loop_retries_until_success(tmp_path: Any) -> None:
     assert report is not None and report.consume_retries == 2
 
 
+class BuggyOnceStore(InMemoryStore):
+    """The next ``bugs`` inbox sessions fail with an error that is no outage (a bug)."""
+
+    bugs = 0
+
+    def inbox_session(self) -> Any:
+        if self.bugs:
+            self.bugs -= 1
+            raise RuntimeError("a bug")
+        return super().inbox_session()
+
+
+async def test_the_redrive_loop_outlives_an_unexpected_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only outages (StoreError) were caught: any other error ended the re-drive loop, and the
+    consumer went on without it, silently: no failure was retried again and the keys waiting
+    behind one were blocked for good. The error is logged with its traceback; the loop goes on."""
+    registry = HandlerRegistry()
+
+    @registry.handler("T")
+    def flaky(message: Message, ctx: HandlerContext) -> None:
+        if ctx.attempt < 2:
+            raise RuntimeError("not yet")
+
+    store = BuggyOnceStore()
+    inbox = Inbox(store, registry, settings(outage=Backoff(base=0.01, cap=0.01)))
+    assert await inbox.receive(event({}, "T")) == "retrying"
+    store.bugs = 2
+    loop = asyncio.create_task(inbox.run_redrives())
+    try:
+        deadline = time.monotonic() + 5
+        while not inbox.counters.handled and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert not loop.done(), loop.exception()
+    finally:
+        loop.cancel()
+    assert inbox.counters.handled == 1
+    [logged, *_] = [r for r in caplog.records if "a bug" in str(r.exc_info)]
+    assert logged.levelname == "ERROR"
+
+
 async def test_handler_writes_and_new_outbox_messages_commit_with_the_inbox_row(
     pg_store: PostgresStore, pg_schema: str, pg_url: str
 ) -> None:

@@ -517,12 +517,28 @@ class Inbox:
         """Re-drive due failures until cancelled: every ``redrive_interval``, and at once
         again while something was re-driven (messages waiting behind a key that just got
         unblocked are due at once, so a backlog drains without waiting a round each)."""
+        errors = 0  # unexpected ones in a row
         while True:
             try:
                 outcomes = await self.redrive()
+                errors = 0
             except StoreError as exc:
                 log.warning("re-drive of failed consumptions failed: %s", exc)
                 outcomes = []
+            except Exception:
+                # Not an outage: a bug, a handler that broke its connection. Ending the loop
+                # would leave the consumer running without re-drives, silently (no failure
+                # retried, keys waiting behind one blocked for good): log it loudly, go on.
+                errors += 1
+                delay = self.settings.outage.delay(errors)
+                log.exception(
+                    "re-drive of failed consumptions failed unexpectedly (%d in a row); "
+                    "retrying in %.0f s",
+                    errors,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                continue
             if "handled" in outcomes or "dead" in outcomes:
                 continue  # a key may have become unblocked
             await asyncio.sleep(self.settings.redrive_interval)
@@ -546,4 +562,9 @@ class Inbox:
                     log.info("sweep done: %s", report.to_json())
             except StoreError as exc:
                 log.warning("sweep failed: %s", exc)
+            except Exception:  # not an outage; ending the loop would stop sweeping silently
+                log.exception(
+                    "sweep failed unexpectedly; offered again in %.0f s",
+                    self.settings.sweep_interval,
+                )
             await asyncio.sleep(self.settings.sweep_interval)
