@@ -497,6 +497,31 @@ def test_a_plain_handler_that_never_returns_does_not_keep_a_stopped_consumer_ali
     assert time.monotonic() - started < 15
 
 
+async def test_a_handler_that_raises_cancelled_error_fails_like_any_other(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A handler that awaits a task cancelled elsewhere gets ``CancelledError``, though nobody
+    cancelled the handler. It ended the batch as if the consumer were being stopped: nothing
+    recorded, nothing acknowledged, and the consumer stopped reading (exit status 0). It is the
+    message's failure instead; a real cancellation (a stop) still cancels."""
+    registry = HandlerRegistry()
+
+    @registry.handler("Awaits")
+    async def awaits(message: Message) -> None:
+        shared = asyncio.create_task(asyncio.sleep(10))
+        shared.cancel()
+        await shared
+
+    store = InMemoryStore()
+    inbox = Inbox(store, registry, settings())
+    assert await inbox.receive_batch([event({}, "Awaits", id="a"), event({}, "X")]) == [
+        "retrying",
+        "ignored",
+    ]
+    [warning] = [r.getMessage() for r in caplog.records if "attempt 1 of" in r.getMessage()]
+    assert "CancelledError" in warning
+
+
 async def test_permanent_handler_errors_are_dead_letters_at_once() -> None:
     registry = HandlerRegistry()
 

@@ -87,6 +87,11 @@ def validate_consumer_name(name: str) -> str:
     return name
 
 
+class HandlerCancelled(Exception):
+    """A handler raised ``asyncio.CancelledError`` although it was not cancelled: a failure of
+    its message (retried like any other), not a stop of the consumer."""
+
+
 class ConsumerStopping(OutboxerError):
     """The consumer was asked to stop while a delivery could not be stored (database down):
     the broker adapter must not acknowledge the batch; the broker delivers it again later."""
@@ -463,6 +468,16 @@ class Inbox:
         started = time.perf_counter()
         try:
             await route.start(message, connection, self.consumer, attempt)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the consumer is stopping or abandoning the batch
+            # Nobody cancelled the handler: it awaited something cancelled elsewhere (a task
+            # of a shared client). Left to propagate, this would pass for a stop and end the
+            # batch, nothing recorded or acknowledged: it is the message's failure instead.
+            raise HandlerCancelled(
+                "the handler raised CancelledError without being cancelled"
+            ) from exc
         finally:
             self._handler_time += time.perf_counter() - started
             self._handler_runs += 1
