@@ -9,6 +9,7 @@ from outboxer.config import Backoff, RelaySettings, TableNames
 from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
+    HandlerEndedTransaction,
     NotFound,
     OutboxerError,
     PermanentHandlerError,
@@ -40,6 +41,7 @@ __all__ = [
     "BrokerUnavailable",
     "ConfigurationError",
     "HandlerContext",
+    "HandlerEndedTransaction",
     "HandlerRegistry",
     "Message",
     "NotFound",

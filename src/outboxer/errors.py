@@ -15,6 +15,8 @@ a driver to handle a failure.
     ├── RelayFailed                the relay stopped because a background task kept dying
     ├── PermanentHandlerError      a handler says retrying can never help: dead-letter at once
     │   └── UndecodablePayload     the payload does not decode into the handler's type
+    ├── HandlerEndedTransaction    a handler committed, rolled back or closed the inbox's
+    │                              connection: a bug in the handler; the consumer stops
     └── PublishError               one message could not be published
         ├── RetryablePublishError  transient, message-specific: counts an attempt, retried later
         ├── PermanentPublishError  can never succeed (rejected/undecodable): dead-lettered at once
@@ -27,6 +29,7 @@ from __future__ import annotations
 __all__ = [
     "BrokerUnavailable",
     "ConfigurationError",
+    "HandlerEndedTransaction",
     "NotFound",
     "OutboxerError",
     "PermanentHandlerError",
@@ -74,6 +77,28 @@ class RelayFailed(OutboxerError):
 class PermanentHandlerError(OutboxerError):
     """Raised by (or for) a handler when retrying can never help: the message is
     dead-lettered at once (the in-process publisher reports a ``PermanentPublishError``)."""
+
+
+class HandlerEndedTransaction(OutboxerError):
+    """A handler committed, rolled back or closed ``ctx.connection``, the connection of the
+    inbox's transaction, which only the inbox may end. Not a ``StoreError`` (an outage,
+    retried in place): retrying would end the transaction again. The consumer stops with it.
+
+    Attributes:
+        message_id: The message whose handler did it.
+        closed: The handler closed the connection (else it committed or rolled back).
+    """
+
+    def __init__(self, message_id: str, message_type: str | None, topic: str, *, closed: bool):
+        what = "closed" if closed else "committed or rolled back"
+        super().__init__(
+            f"the handler of message {message_id!r} (type {message_type!r}, topic {topic!r}) "
+            f"{what} ctx.connection, which belongs to the inbox's transaction: the inbox "
+            "alone may end it (fix the handler; messages of the batch after it are "
+            "delivered again)"
+        )
+        self.message_id = message_id
+        self.closed = closed
 
 
 class UndecodablePayload(PermanentHandlerError):

@@ -721,7 +721,22 @@ class InboxTransaction(Protocol):
         a failure undoes its writes (and nothing else), and a handler that left the
         transaction unusable (it swallowed a database error) counts as failed. Without it the
         handler cannot reach the transaction (it takes no context), and no round trip is
-        spent."""
+        spent.
+
+        Raises:
+            HandlerEndedTransaction: an ``isolated`` handler committed, rolled back or closed
+                the connection (found out without a round trip, where the driver tells); no
+                statement was sent after it.
+        """
+        ...
+
+    async def forget_received(self, consumer: str, message_ids: Sequence[str]) -> None:
+        """Delete the inbox rows :meth:`receive` recorded for these messages, which were never
+        handled: a handler ended the transaction
+        (:class:`~outboxer.errors.HandlerEndedTransaction`), and if it committed, those rows
+        were committed with it and would turn the redelivery of the messages into duplicates.
+        Runs on the connection as the handler left it (in autocommit after a commit; after a
+        rollback the rows are gone and it deletes nothing)."""
         ...
 
     async def record_failure(

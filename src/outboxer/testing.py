@@ -530,6 +530,11 @@ class _InboxSession:
             return exc
         return None
 
+    async def forget_received(self, consumer: str, message_ids: Sequence[str]) -> None:
+        # Never needed here (no transaction a handler could end), kept to the protocol.
+        for message_id in message_ids:
+            self._inbox.rows.pop((consumer, message_id), None)
+
     async def record_failure(
         self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
     ) -> ConsumeFailure:

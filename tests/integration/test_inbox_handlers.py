@@ -755,3 +755,79 @@ async def test_a_chunk_commits_once_and_a_failure_undoes_only_its_own_writes(
     failures = await pg_store.execute("SELECT message_id FROM {inbox_failures} ORDER BY seq")
     assert [r[0] for r in failures] == ["m-2", "m-4"]
     assert await inbox.receive_batch(batch) == ["duplicate"] * 5
+
+
+class OneBatch:
+    """A broker adapter that hands over one batch, then waits for the stop."""
+
+    def __init__(self, batch: list[Message], acked: list[str]) -> None:
+        self.batch = batch
+        self.acked = acked
+
+    async def __aenter__(self) -> OneBatch:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+    async def run(self, deliver: Any, stop: asyncio.Event) -> None:
+        async def acknowledge() -> None:
+            self.acked.extend(m.id for m in self.batch)
+
+        async with Deliveries(deliver) as deliveries:
+            if self.batch:
+                assert await deliveries.submit(self.batch, acknowledge)
+            await stop.wait()
+
+
+async def test_a_handler_that_commits_ctx_connection_stops_the_consumer(
+    sqlite_store: SqliteStore,
+) -> None:
+    """The handler of the 3rd of 5 messages commits the inbox's transaction. Before: the
+    chunk failed, was retried in place, and the messages after it came back as duplicates,
+    never handled. Now the consumer stops at once with HandlerEndedTransaction (a supervisor
+    restarts it after the fix), acknowledges nothing, and the redelivery handles the rest."""
+    await sqlite_store.execute("CREATE TABLE effects (n INTEGER)")
+    registry = HandlerRegistry()
+    careless = {"yes": True}
+
+    @registry.handler("job")
+    async def job(payload: dict[str, int], ctx: HandlerContext) -> None:
+        await ctx.connection.execute("INSERT INTO effects VALUES (?)", (payload["n"],))
+        if payload["n"] == 3 and careless["yes"]:
+            await ctx.connection.commit()
+
+    batch = [event({"n": n}, "job", key="k") for n in range(1, 6)]  # one key: one chunk
+    acked: list[str] = []
+    inbox = Inbox(sqlite_store, registry, settings())
+    with pytest.raises(outboxer.HandlerEndedTransaction, match="committed or rolled back"):
+        await asyncio.wait_for(run_consumer(inbox, OneBatch(batch, acked)), 10)
+    assert acked == []
+    rows = await sqlite_store.execute("SELECT n FROM effects ORDER BY n")
+    assert [r[0] for r in rows] == [1, 2, 3]
+    careless["yes"] = False
+    again = Inbox(sqlite_store, registry, settings())
+    assert await again.receive_batch(batch) == ["duplicate"] * 3 + ["handled"] * 2
+    rows = await sqlite_store.execute("SELECT n FROM effects ORDER BY n")
+    assert [r[0] for r in rows] == [1, 2, 3, 4, 5]
+
+
+async def test_a_re_drive_whose_handler_ends_the_transaction_stops_the_consumer(
+    sqlite_store: SqliteStore,
+) -> None:
+    """The re-drive loop outlives other errors, retrying them; this one it would repeat with
+    every retry (and what the handler committed with it): the consumer stops with it."""
+    registry = HandlerRegistry()
+
+    @registry.handler("job")
+    async def job(payload: dict[str, int], ctx: HandlerContext) -> None:
+        if ctx.attempt == 1:
+            raise RuntimeError("the first attempt fails")
+        await ctx.connection.rollback()
+
+    inbox = Inbox(sqlite_store, registry, settings())
+    assert await inbox.receive_batch([event({"n": 1}, "job")]) == ["retrying"]
+    with pytest.raises(outboxer.HandlerEndedTransaction):
+        await asyncio.wait_for(run_consumer(inbox, OneBatch([], [])), 10)
+    rows = await sqlite_store.execute("SELECT attempts FROM {inbox_failures}")
+    assert [r[0] for r in rows] == [1]  # the failure stays, re-driven after the restart

@@ -24,6 +24,7 @@ import asyncpg
 import pytest
 
 from outboxer.config import TableNames
+from outboxer.errors import HandlerEndedTransaction
 from outboxer.inbox import consume, redrive_consume_failures
 from outboxer.message import Message, encode_headers
 from outboxer.ports import MAX_REASON, ConsumeFailure, DeadLetterFilter, InboxStore
@@ -484,9 +485,81 @@ class InboxStoreContract:
             assert sorted(await effects.read()) == ["c:m-9", "d:m-9"]
         assert effects.calls[-2:] == [("m-9", 1), ("m-9", 1)]
 
+    @pytest.mark.parametrize("how", ["commit", "rollback", "close"])
+    async def test_a_handler_that_ends_the_inbox_transaction_stops_the_batch_and_loses_nothing(
+        self, store: Mode, effects: Effects, end: Callable[[Any, str], Awaitable[None]], how: str
+    ) -> None:
+        """The handler of the 3rd of 5 messages commits, rolls back or closes ctx.connection.
+        Before: after a commit the batch's inbox rows (recorded by its first statement) were
+        committed, the chunk failed and was retried, and m-4 and m-5 came back as duplicates,
+        never handled; a rollback or a close was retried as a database outage, forever (on
+        SQLite the store's one connection stayed closed). Now the batch fails with
+        HandlerEndedTransaction (no outage: no retry in place), what the commit committed
+        stays, m-4 and m-5 are not recorded, and the redelivery handles each message once."""
+        if not self.transactional:
+            pytest.skip("the in-memory store has no transaction a handler could end")
+        record = effects.handler()
+
+        async def careless(message: Message, connection: Any, attempt: int) -> None:
+            await record(message, connection, attempt)
+            if message.id == "m-3":
+                await end(connection, how)
+
+        batch = [message(n, key=f"k{n}") for n in range(1, 6)]
+        options: dict[str, Any] = {"on_failure": retry_after(9), "retention_seconds": 60}
+        with pytest.raises(HandlerEndedTransaction, match=r"'m-3'.*ctx\.connection") as ended:
+            await store.consume("c", batch, careless, **options)
+        assert ended.value.message_id == "m-3"
+        assert ended.value.closed == (how == "close")
+        committed = ["c:m-1", "c:m-2", "c:m-3"] if how == "commit" else []
+        if not store._single:  # a transaction per message: m-1 and m-2 committed on their own
+            committed = ["c:m-1", "c:m-2", *committed[2:]]
+        assert await effects.read() == committed
+        # The broker delivers the batch again (nothing was acknowledged), to a fixed handler.
+        outcomes = await store.consume("c", batch, record, **options)
+        done = len(committed)
+        assert outcomes == ["duplicate"] * done + ["handled"] * (5 - done)
+        assert await effects.read() == [f"c:m-{n}" for n in range(1, 6)]
+        assert await store.consume("c", batch, record, **options) == ["duplicate"] * 5
+
+    async def test_a_re_drive_whose_handler_commits_the_transaction_fails_and_stays(
+        self, store: Mode, effects: Effects, end: Callable[[Any, str], Awaitable[None]]
+    ) -> None:
+        """A re-drive is one transaction holding the failure row: a handler that commits it
+        raises HandlerEndedTransaction; the failure stays and is re-driven again (the effect
+        the handler committed repeats once, as documented)."""
+        if not self.transactional:
+            pytest.skip("the in-memory store has no transaction a handler could end")
+        judge = retry_after(0)
+        record = effects.handler(fail=lambda m, attempt: attempt == 1)
+        assert await one(
+            store, "c", message(1), record, on_failure=judge, retention_seconds=60
+        ) == ("retrying")
+
+        async def committing(message: Message, connection: Any, attempt: int) -> None:
+            await record(message, connection, attempt)
+            await end(connection, "commit")
+
+        with pytest.raises(HandlerEndedTransaction):
+            await store.redrive_consume_failures(
+                "c", committing, on_failure=judge, retention_seconds=60, limit=10
+            )
+        assert await effects.read() == ["c:m-1"]  # attempt 2, committed by the handler
+        assert await store.redrive_consume_failures(
+            "c", record, on_failure=judge, retention_seconds=60, limit=10
+        ) == ["handled"]
+        assert await effects.read() == ["c:m-1", "c:m-1"]
+        assert await one(
+            store, "c", message(1), record, on_failure=judge, retention_seconds=60
+        ) == ("duplicate")
+
 
 class TestInMemoryInbox(InboxStoreContract):
     transactional = False
+
+    @pytest.fixture
+    def end(self) -> None:
+        return None
 
     @pytest.fixture
     def raw_store(self) -> InMemoryStore:
@@ -508,6 +581,31 @@ class TestInMemoryInbox(InboxStoreContract):
 
 class TestSqliteInbox(InboxStoreContract):
     @pytest.fixture
+    def end(self) -> Callable[[Any, str], Awaitable[None]]:
+        async def end(connection: Any, how: str) -> None:
+            await getattr(connection, how)()  # aiosqlite: commit(), rollback(), close()
+
+        return end
+
+    async def test_a_handler_that_closes_the_connection_leaves_the_store_working(
+        self, raw_store: SqliteStore, effects: Effects
+    ) -> None:
+        """Before, the store's one connection stayed closed after a handler closed it, and
+        every later batch (and everything else the store did) failed with ValueError; now the
+        store opens a new one."""
+
+        async def closing(message: Message, connection: Any, attempt: int) -> None:
+            await connection.close()
+
+        options: dict[str, Any] = {"on_failure": retry_after(9), "retention_seconds": 60}
+        with pytest.raises(HandlerEndedTransaction, match=r"closed ctx\.connection"):
+            await consume(raw_store, "c", [message(1)], closing, **options)
+        assert await consume(raw_store, "c", [message(1)], effects.handler(), **options) == [
+            "handled"
+        ]
+        assert (await raw_store.stats()).pending == 0
+
+    @pytest.fixture
     async def raw_store(self, sqlite_store: SqliteStore) -> SqliteStore:
         await sqlite_store.execute("CREATE TABLE effects (consumer TEXT, message_id TEXT)")
         return sqlite_store
@@ -527,6 +625,16 @@ class TestSqliteInbox(InboxStoreContract):
 
 
 class TestPostgresInbox(InboxStoreContract):
+    @pytest.fixture
+    def end(self) -> Callable[[Any, str], Awaitable[None]]:
+        async def end(connection: Any, how: str) -> None:
+            if how == "close":
+                await connection.close()
+            else:
+                await connection.execute(how.upper())
+
+        return end
+
     @pytest.fixture
     async def raw_store(self, pg_store: PostgresStore, pg_schema: str) -> PostgresStore:
         await pg_store.execute(
@@ -808,6 +916,16 @@ class TestPostgresInbox(InboxStoreContract):
 
 
 class TestMysqlInbox(InboxStoreContract):
+    @pytest.fixture
+    def end(self) -> Callable[[Any, str], Awaitable[None]]:
+        async def end(connection: Any, how: str) -> None:
+            if how == "close":
+                await connection.ensure_closed()
+            else:
+                await getattr(connection, how)()  # asyncmy: commit(), rollback()
+
+        return end
+
     @pytest.fixture
     async def raw_store(self, mysql_store: MysqlStore, mysql_database: str) -> MysqlStore:
         await mysql_store.execute(

@@ -11,6 +11,7 @@
 Nothing here imports a database or broker driver. See docs/inbox.md.
 """
 
+from outboxer.errors import HandlerEndedTransaction
 from outboxer.inbox.consume import consume, redrive_consume_failures
 from outboxer.inbox.consumer import BrokerConsumer, run_consumer
 from outboxer.inbox.inbox import (
@@ -34,6 +35,7 @@ __all__ = [
     "ConsumerStopping",
     "Handler",
     "HandlerContext",
+    "HandlerEndedTransaction",
     "HandlerRegistry",
     "Inbox",
     "InboxCounters",

@@ -23,12 +23,19 @@ crash after the commit but before the acknowledgement makes the redelivery dupli
 
 A re-drive takes one due failure (``lock_failure``), runs the handler again with the next
 attempt number, and forgets the failure, updates it, or gives up on it; one transaction each.
+
+A handler that commits, rolls back or closes ``ctx.connection`` (the inbox's transaction) is a
+bug that retrying cannot cure: :class:`~outboxer.errors.HandlerEndedTransaction` is raised and
+stops the consumer, after the inbox rows of the batch's later messages, never handled, are
+forgotten (a commit had committed them), so that the broker's redelivery handles them.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
+from outboxer.errors import HandlerEndedTransaction, StoreError
 from outboxer.message import Message, received
 from outboxer.ports import (
     ConsumeFailure,
@@ -41,6 +48,8 @@ from outboxer.ports import (
 )
 
 __all__ = ["consume", "redrive_consume_failures"]
+
+log = logging.getLogger("outboxer.inbox")
 
 
 def _always(message: Message) -> bool:
@@ -77,6 +86,9 @@ async def consume(
         StoreError: the database failed; the outcomes of some messages may be committed, the
             others not: acknowledge none of them (redelivered messages that were committed
             are duplicates then).
+        HandlerEndedTransaction: a handler committed, rolled back or closed the connection;
+            acknowledge nothing. After a commit, what came before it in its transaction (and
+            its own inbox row) stays committed; the messages after it are not recorded.
     """
     retention = float(retention_seconds)
     messages = [received(message) for message in messages]
@@ -128,7 +140,11 @@ async def _deliver(
                 outcome = "dead"
         else:
             # The first attempt, written inline: this loop runs once per delivered message.
-            error = await run_handler(handler, message, 1, isolated=may_write(message))
+            try:
+                error = await run_handler(handler, message, 1, isolated=may_write(message))
+            except HandlerEndedTransaction as exc:
+                await _forget_later(tx, consumer, messages, received, message, exc)
+                raise
             if error is None:
                 outcomes.append("handled")
                 continue
@@ -137,6 +153,52 @@ async def _deliver(
             failing_keys.add(message.key)
         outcomes.append(outcome)
     return outcomes
+
+
+async def _forget_later(
+    tx: InboxTransaction,
+    consumer: str,
+    messages: Sequence[Message],
+    received: Sequence[InboxReceipt | None],
+    offender: Message,
+    ended: HandlerEndedTransaction,
+) -> None:
+    """The handler of ``offender`` ended the transaction: the messages after it that got a
+    fresh inbox row were recorded but never handled. If it committed, their rows are committed
+    and their redelivery would be duplicates: forget them (after a rollback this deletes
+    nothing). The messages before it and its own keep what the commit gave them."""
+    position = next(i for i, m in enumerate(messages) if m is offender)
+    later = [
+        m.id
+        for m, receipt in zip(messages[position + 1 :], received[position + 1 :], strict=True)
+        if receipt is not None and receipt.fresh
+    ]
+    if not later:
+        return
+    if ended.closed:
+        log.error(
+            "the handler of message %s closed the inbox's connection: the inbox rows of the %d "
+            "message(s) after it in its batch, recorded but never handled, could not be "
+            "forgotten if they were committed (a redelivery then takes them for duplicates): %s",
+            offender.id,
+            len(later),
+            ", ".join(later),
+            extra={"message_ids": later},
+        )
+        return
+    try:
+        await tx.forget_received(consumer, later)
+    except StoreError as exc:
+        log.error(
+            "the handler of message %s ended the inbox's transaction; forgetting the inbox rows "
+            "of the %d message(s) after it, never handled, failed (%s): if they were committed, "
+            "a redelivery takes them for duplicates: %s",
+            offender.id,
+            len(later),
+            exc,
+            ", ".join(later),
+            extra={"message_ids": later},
+        )
 
 
 async def _first_failure(
@@ -198,6 +260,8 @@ async def _redrive(
         await tx.delete_failure(pending.seq)
         return "duplicate"
     message, attempt = pending.message, pending.attempts + 1
+    # A handler that ends the transaction raises HandlerEndedTransaction here: the failure row
+    # stays (what the handler committed may repeat once when it is re-driven after a restart).
     error = await tx.run_handler(handler, message, attempt, isolated=may_write(message))
     if error is None:
         await tx.delete_failure(pending.seq)

@@ -16,9 +16,10 @@ consumptions) and the shared sweep, until ``inbox.stop()`` (SIGTERM/SIGINT in th
 adapter stops fetching, the batches in progress finish and are acknowledged, connections close.
 A batch that has not finished within ``shutdown_timeout`` is abandoned (its transactions roll
 back, nothing is acknowledged, the broker delivers it again). A batch that fails for another
-reason than an outage (which the inbox retries in place) — a bug, a value the database refuses —
-stops the consumer at once: nothing more is read or acknowledged and :func:`run_consumer` raises
-the error, also when the adapter has no further batch to hand over.
+reason than an outage (which the inbox retries in place) — a bug, a value the database refuses,
+a handler that ended the inbox's transaction — stops the consumer at once: nothing more is read
+or acknowledged and :func:`run_consumer` raises the error, also when the adapter has no further
+batch to hand over. A re-drive whose handler ended the transaction stops it too (gracefully).
 """
 
 from __future__ import annotations
@@ -182,10 +183,21 @@ async def run_consumer(
     if sweeper is not None:
         await log_last_sweep(sweeper, log)
     stop = inbox.stopping
+    failed: list[Exception] = []
+
+    def redrives_ended(task: asyncio.Task[None]) -> None:
+        # The re-drive loop ends only with an error retrying would repeat (a handler that
+        # ended the inbox's transaction): the consumer stops reading and raises it.
+        error = None if task.cancelled() else task.exception()
+        if isinstance(error, Exception):
+            if not failed:
+                failed.append(error)
+            stop.set()
+
     background = [asyncio.create_task(inbox.run_redrives(), name="outboxer-redrive")]
+    background[0].add_done_callback(redrives_ended)
     if sweeper is not None:
         background.append(asyncio.create_task(inbox.run_sweeps(sweeper), name="outboxer-sweep"))
-    failed: list[Exception] = []
 
     async def deliver(batch: Sequence[Message]) -> object:
         try:

@@ -49,7 +49,13 @@ from outboxer.config import (
     duration,
     setting,
 )
-from outboxer.errors import ConfigurationError, OutboxerError, PermanentPublishError, StoreError
+from outboxer.errors import (
+    ConfigurationError,
+    HandlerEndedTransaction,
+    OutboxerError,
+    PermanentPublishError,
+    StoreError,
+)
 from outboxer.inbox.consume import consume, redrive_consume_failures
 from outboxer.inbox.registry import HandlerRegistry, PermanentHandlerError
 from outboxer.message import Message
@@ -531,7 +537,9 @@ class Inbox:
     async def run_redrives(self) -> None:
         """Re-drive due failures until cancelled: every ``redrive_interval``, and at once
         again while something was re-driven (messages waiting behind a key that just got
-        unblocked are due at once, so a backlog drains without waiting a round each)."""
+        unblocked are due at once, so a backlog drains without waiting a round each).
+        Outages and other errors are logged and the loop goes on; it ends only with a
+        :class:`~outboxer.errors.HandlerEndedTransaction`, which retrying would repeat."""
         errors = 0  # unexpected ones in a row
         while True:
             try:
@@ -540,6 +548,11 @@ class Inbox:
             except StoreError as exc:
                 log.warning("re-drive of failed consumptions failed: %s", exc)
                 outcomes = []
+            except HandlerEndedTransaction:
+                # A bug in a handler that every retry would repeat (and with it whatever the
+                # handler committed): the consumer stops with it (see run_consumer). The
+                # failure stays, re-driven after the restart.
+                raise
             except Exception:
                 # Not an outage: a bug, a handler that broke its connection. Ending the loop
                 # would leave the consumer running without re-drives, silently (no failure

@@ -12,7 +12,13 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
-from outboxer.errors import ConfigurationError, NotFound, SchemaError, StoreError
+from outboxer.errors import (
+    ConfigurationError,
+    HandlerEndedTransaction,
+    NotFound,
+    SchemaError,
+    StoreError,
+)
 from outboxer.message import Message
 from outboxer.ports import (
     Claim,
@@ -521,6 +527,14 @@ class SqlInboxSession(abc.ABC):
     statement ran since, because rolling back to it must undo that handler's writes alone.
     Where the driver counts the statements a connection ran (:meth:`_statements`), a handler
     that took the context but ran none leaves the savepoint open and clean: no round trip.
+
+    A handler that took the context may also end the transaction, which only the inbox may do:
+    commit it (the chunk's inbox rows, all recorded by its first statement, would be committed
+    with it, and the messages after it never handled), roll it back or close the connection.
+    Right after such a handler, before any other statement, the driver's own view of the
+    connection (:meth:`_in_transaction`, no round trip) tells, and ``run_handler`` raises
+    :class:`~outboxer.errors.HandlerEndedTransaction` instead of sending statements that would
+    fail as if the database were down (or, after a commit, run outside any transaction).
     """
 
     def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:
@@ -549,6 +563,23 @@ class SqlInboxSession(abc.ABC):
         statement that may write), or ``None`` when the driver does not tell: then a handler
         that takes the context is assumed to have written."""
         return None
+
+    def _in_transaction(self) -> bool | None:
+        """Whether the connection is still inside the transaction the session opened, from
+        what the driver already knows (the status of the server's last answer: no round trip,
+        it runs after every handler that takes the context); ``False`` too once the client
+        closed the connection. ``None`` when the driver cannot tell.
+
+        A connection the database dropped must not read ``False`` while its handler may have
+        run nothing on it: that is an outage (retried in place), not the handler's doing."""
+        return None
+
+    def _connection_closed(self) -> bool:
+        """Whether the connection is closed (asked only once :meth:`_in_transaction` said
+        ``False``). A handler that raised on a closed connection is taken for one whose
+        statement failed because the database went away (drivers close the connection then):
+        an outage, as before, rather than a handler that closed it."""
+        return False
 
     # -- what the store's statements go through -------------------------------------------
 
@@ -581,9 +612,22 @@ class SqlInboxSession(abc.ABC):
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Self]:
-        async with self._begin():
-            self._savepoint_clean = False
-            yield self
+        ended: HandlerEndedTransaction | None = None
+        try:
+            async with self._begin():
+                self._savepoint_clean = False
+                try:
+                    yield self
+                except HandlerEndedTransaction as exc:
+                    ended = exc
+                    raise
+        except Exception:
+            if ended is None:
+                raise
+            # The driver's rollback of a transaction the handler ended may fail too (asyncpg on
+            # a closed connection, SQLite with no transaction open): the handler's error is the
+            # one to report.
+            raise ended from None
 
     async def run_handler(
         self, handler: InboxHandler, message: Message, attempt: int, *, isolated: bool
@@ -600,20 +644,43 @@ class SqlInboxSession(abc.ABC):
         before = self._statements()
         try:
             await handler(message, self.connection, attempt)
-            if before is not None and self._statements() == before:
-                # It ran no statement: the savepoint is still clean, the next handler's.
-                self._savepoint_clean = True
-                return None
+        except Exception as exc:
             self._handler_statements = True
+            if self._in_transaction() is False and not self._connection_closed():
+                raise self._ended(message, closed=False) from exc
+            return await self._undo(exc)
+        # Before any other statement: one that ran outside the transaction could not be undone.
+        if self._in_transaction() is False:
+            raise self._ended(message, closed=self._connection_closed())
+        if before is not None and self._statements() == before:
+            # It ran no statement: the savepoint is still clean, the next handler's.
+            self._savepoint_clean = True
+            return None
+        self._handler_statements = True
+        try:
             await self._run(
                 f"RELEASE SAVEPOINT {HANDLER_SAVEPOINT}; SAVEPOINT {HANDLER_SAVEPOINT}", None
             )
-        except Exception as exc:  # noqa: BLE001 - the handler's failure is the message's
-            self._handler_statements = True
-            await self._run(
-                f"ROLLBACK TO SAVEPOINT {HANDLER_SAVEPOINT}; RELEASE SAVEPOINT {HANDLER_SAVEPOINT}",
-                None,
-            )
-            return exc
+        except Exception as exc:  # noqa: BLE001 - it left the transaction aborted: its failure
+            return await self._undo(exc)
         self._savepoint_clean = True
         return None
+
+    async def _undo(self, error: Exception) -> Exception:
+        """Roll the failed handler's writes back (to its savepoint); its ``error``."""
+        await self._run(
+            f"ROLLBACK TO SAVEPOINT {HANDLER_SAVEPOINT}; RELEASE SAVEPOINT {HANDLER_SAVEPOINT}",
+            None,
+        )
+        return error
+
+    def _ended(self, message: Message, *, closed: bool) -> HandlerEndedTransaction:
+        return HandlerEndedTransaction(message.id, message.type, message.topic, closed=closed)
+
+    async def forget_received(self, consumer: str, message_ids: Sequence[str]) -> None:
+        """See :meth:`~outboxer.ports.InboxTransaction.forget_received`."""
+        await self.execute(self.q["inbox_forget"], self._forget_args(consumer, message_ids))
+
+    def _forget_args(self, consumer: str, message_ids: Sequence[str]) -> Any:
+        """The parameters of the dialect's ``inbox_forget`` query."""
+        raise NotImplementedError

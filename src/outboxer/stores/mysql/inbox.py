@@ -10,7 +10,9 @@ message's answer to a session variable that the last statement returns.
 
 Unlike PostgreSQL, MySQL does not abort a transaction in which a statement failed, so a handler
 that swallowed a database error leaves a usable transaction; its savepoint is still released
-explicitly, which fails if the handler ended the transaction (a COMMIT, or DDL).
+explicitly. A handler that ended the transaction (a COMMIT, a ROLLBACK, DDL, which commits) or
+closed the connection is found out before that, from the server status of the last answer
+(``SERVER_STATUS_IN_TRANS``, which asyncmy keeps): ``HandlerEndedTransaction``.
 
 A failed message is stored with its payload (a failure row, a dead letter), in a statement the
 server refuses if it is over ``max_allowed_packet`` (16 MiB by default on MariaDB; asyncmy
@@ -24,6 +26,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
+
+from asyncmy.constants.SERVER_STATUS import SERVER_STATUS_IN_TRANS
 
 from outboxer.message import Message, encode_headers
 from outboxer.ports import ConsumeFailure, InboxReceipt, PendingFailure, failure_reason
@@ -75,6 +79,19 @@ class _Session(SqlInboxSession):
 
     async def _rows(self, sql: str, args: Any) -> Sequence[Row]:
         return await fetch_all(self.connection, sql, args)
+
+    def _in_transaction(self) -> bool | None:
+        # asyncmy keeps the status flags of the server's last OK/EOF packet; a closed
+        # connection keeps its last flags, hence the second test. asyncmy closes a connection
+        # whose statement failed on a dropped server too: see _connection_closed.
+        conn = self.connection
+        return bool(conn.server_status & SERVER_STATUS_IN_TRANS) and bool(conn.connected)
+
+    def _connection_closed(self) -> bool:
+        return not self.connection.connected
+
+    def _forget_args(self, consumer: str, message_ids: Sequence[str]) -> Any:
+        return {"consumer": consumer, "ids": tuple(message_ids)}
 
     async def due_failures(self, consumer: str, limit: int) -> list[str]:
         rows = await self.fetch(self.q["inbox_due"], {"consumer": consumer, "limit": limit})

@@ -104,7 +104,14 @@ class CountingConnection(asyncpg.Connection):
     :func:`statements_run`), and can hold a transaction's ``BEGIN`` back until its holder sends
     it in front of its first statement (:meth:`defer_begin`)."""
 
-    __slots__ = ("begin_deferred", "begin_pending", "copies_in", "prepared", "reset_needed")
+    __slots__ = (
+        "begin_deferred",
+        "begin_pending",
+        "closed_by_client",
+        "copies_in",
+        "prepared",
+        "reset_needed",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -116,6 +123,9 @@ class CountingConnection(asyncpg.Connection):
         self.begin_pending = False
         #: The names of the server-side prepared statements (``PREPARE``) made on it.
         self.prepared: set[str] = set()
+        #: ``close()`` or ``terminate()`` was called: the client closed it (a connection the
+        #: server dropped reads closed too, but is no one's doing).
+        self.closed_by_client = False
 
     def defer_begin(self, deferred: bool = True) -> None:
         """Hold back the ``BEGIN`` that the next ``connection.transaction()`` sends: it is
@@ -134,6 +144,14 @@ class CountingConnection(asyncpg.Connection):
                 self.begin_pending = False  # the transaction never reached the server
                 return query[:-1]
         return await super().execute(query, *args, timeout=timeout)
+
+    async def close(self, *, timeout: float | None = None) -> None:
+        self.closed_by_client = True
+        await super().close(timeout=timeout)
+
+    def terminate(self) -> None:
+        self.closed_by_client = True
+        super().terminate()
 
     async def copy_to_table(self, *args: Any, **kwargs: Any) -> str:
         self.copies_in += 1

@@ -73,10 +73,15 @@ class _Session(SqlInboxSession):
     def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:
         super().__init__(connection, queries)
         self._count = statement_counter(connection)
-        own = getattr(connection, "_con", connection)  # behind the pool's proxy
-        #: The store's own connection class, which can hold a ``BEGIN`` back; ``None`` for a
-        #: borrowed pool's connections.
-        self._own = own if isinstance(own, CountingConnection) else None
+        raw = getattr(connection, "_con", connection)  # behind the pool's proxy
+        #: The connection itself: the proxy is detached from it when it is closed.
+        self._raw: asyncpg.Connection = raw
+        #: The store's own connection class, which can hold a ``BEGIN`` back and knows whether
+        #: it was closed on purpose; ``None`` for a borrowed pool's connections.
+        self._own = raw if isinstance(raw, CountingConnection) else None
+        # The transaction status of the server's last ReadyForQuery, which asyncpg keeps
+        # (bound once: the check runs after every handler that takes the context).
+        self._status = raw.is_in_transaction
 
     @contextlib.asynccontextmanager
     async def _begin(self) -> AsyncIterator[object]:
@@ -114,6 +119,21 @@ class _Session(SqlInboxSession):
 
     def _statements(self) -> int | None:
         return None if self._count is None else self._count()
+
+    def _in_transaction(self) -> bool | None:
+        # Handlers run after ``receive`` or ``lock_failure``, which sent the ``BEGIN``. A
+        # connection the server dropped keeps its last status (in a transaction): the next
+        # statement fails as an outage, as it should.
+        own = self._own
+        if own is None:  # a borrowed pool's: a close by the handler reads as an outage
+            return None if self._raw.is_closed() else bool(self._status())
+        return not own.closed_by_client and bool(self._status())
+
+    def _connection_closed(self) -> bool:
+        return bool(self._raw.is_closed())
+
+    def _forget_args(self, consumer: str, message_ids: Sequence[str]) -> Any:
+        return (consumer, list(message_ids))
 
     def _returning(self, *, untouched: bool) -> None:
         if untouched:

@@ -30,7 +30,14 @@ from outboxer import urls
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError, SchemaError, StoreUnavailable
 
-__all__ = ["URL_SPEC", "SqliteDatabase", "SqlitePart", "immediate", "path_from_url"]
+__all__ = [
+    "URL_SPEC",
+    "SqliteDatabase",
+    "SqlitePart",
+    "immediate",
+    "is_closed",
+    "path_from_url",
+]
 
 #: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db`` or ``sqlite:///:memory:``.
 URL_SPEC = urls.UrlSpec(
@@ -127,20 +134,36 @@ class SqliteDatabase:
                 )
             if self._conn is None:
                 raise RuntimeError("SqliteStore is not open (use 'async with store:')")
+            conn = self._conn
             try:
-                yield self._conn
+                yield conn
             except sqlite3.OperationalError as exc:
                 if "no such table" in str(exc):
                     raise SchemaError(
                         f"outbox table {self.names.table} is missing: run 'outboxer db upgrade'"
                     ) from exc
                 raise StoreUnavailable(f"SQLite: {exc}") from exc
+            except BaseException:
+                if is_closed(conn):
+                    # An inbox handler closed it (HandlerEndedTransaction): the next user opens
+                    # a new one instead of failing on the closed one, forever.
+                    self._conn = None
+                raise
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
         """The connection inside a write transaction, committed when the block ends."""
         async with self.connection() as conn, immediate(conn):
             yield conn
+
+
+def is_closed(conn: aiosqlite.Connection) -> bool:
+    """Whether ``conn`` was closed (only ever by its client: a handler, the store)."""
+    try:
+        conn.in_transaction  # noqa: B018 - aiosqlite raises once it is closed
+    except (ValueError, sqlite3.ProgrammingError):
+        return True
+    return False
 
 
 @contextlib.asynccontextmanager

@@ -5,12 +5,17 @@ inbox row. SQLite has one writer: a session holds the store's connection, and it
 are ``BEGIN IMMEDIATE`` (no other writer until the commit); the savepoints are
 ``stores._common.SqlInboxSession``'s. A batch of deliveries is recorded by one ``INSERT …
 SELECT FROM json_each(…) ON CONFLICT DO NOTHING RETURNING`` (``inbox_receive``).
+
+A handler that closes the connection fails its batch with ``HandlerEndedTransaction``; the
+store opens a new connection for its next use (a ``:memory:`` database is lost with the old
+one).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +28,7 @@ from outboxer.stores._common import (
     envelope_of,
     pending_failure_from_row,
 )
-from outboxer.stores.sqlite.connection import SqlitePart, immediate
+from outboxer.stores.sqlite.connection import SqlitePart, immediate, is_closed
 
 __all__ = ["SqliteInbox"]
 
@@ -42,6 +47,18 @@ class _Session(SqlInboxSession):
     async def _rows(self, sql: str, args: Any) -> Sequence[Row]:
         async with self.connection.execute(sql, args) as cursor:
             return list(await cursor.fetchall())
+
+    def _in_transaction(self) -> bool | None:
+        try:
+            return bool(self.connection.in_transaction)
+        except (ValueError, sqlite3.ProgrammingError):  # closed (only ever by the client)
+            return False
+
+    def _connection_closed(self) -> bool:
+        return is_closed(self.connection)
+
+    def _forget_args(self, consumer: str, message_ids: Sequence[str]) -> Any:
+        return {"consumer": consumer, "ids": json.dumps(list(message_ids))}
 
     async def due_failures(self, consumer: str, limit: int) -> list[str]:
         rows = await self.fetch(self.q["inbox_due"], {"consumer": consumer, "limit": limit})

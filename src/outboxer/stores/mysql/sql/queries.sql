@@ -432,6 +432,12 @@ SELECT EXISTS (SELECT 1 FROM {inbox} i
                WHERE i.consumer = %(consumer)s AND i.message_id = %(id)s
                  AND i.expires_at IS NOT NULL) AS handled
 
+-- name: inbox_forget
+-- The inbox rows of messages never handled, after a handler ended the inbox's transaction
+-- (a commit had committed them with it): their redelivery must not be taken for duplicates.
+-- asyncmy writes the tuple of ids as a parenthesized list.
+DELETE FROM {inbox} WHERE consumer = %(consumer)s AND message_id IN %(ids)s
+
 -- name: inbox_failure_delete
 DELETE FROM {inbox_failures} WHERE seq = %(seq)s
 

@@ -571,6 +571,11 @@ WHERE f.consumer = $1 AND f.message_id = $2 AND f.state = 'retrying'
   AND f.next_attempt_at <= now()
 FOR UPDATE OF f SKIP LOCKED
 
+-- name: inbox_forget
+-- The inbox rows of messages never handled, after a handler ended the inbox's transaction
+-- (a commit had committed them with it): their redelivery must not be taken for duplicates.
+DELETE FROM {inbox} WHERE consumer = $1 AND message_id = ANY($2::text[])
+
 -- name: inbox_failure_delete
 DELETE FROM {inbox_failures} WHERE seq = $1
 

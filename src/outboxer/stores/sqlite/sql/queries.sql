@@ -319,6 +319,12 @@ FROM {inbox_failures} f
 WHERE f.consumer = :consumer AND f.message_id = :id AND f.state = 'retrying'
   AND f.next_attempt_at <= (julianday('now') - 2440587.5) * 86400.0
 
+-- name: inbox_forget
+-- The inbox rows of messages never handled, after a handler ended the inbox's transaction
+-- (a commit had committed them with it): their redelivery must not be taken for duplicates.
+DELETE FROM {inbox}
+WHERE consumer = :consumer AND message_id IN (SELECT value FROM json_each(:ids))
+
 -- name: inbox_failure_delete
 DELETE FROM {inbox_failures} WHERE seq = :seq
 
