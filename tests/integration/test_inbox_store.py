@@ -485,6 +485,10 @@ class InboxStoreContract:
             assert sorted(await effects.read()) == ["c:m-9", "d:m-9"]
         assert effects.calls[-2:] == [("m-9", 1), ("m-9", 1)]
 
+
+class EndedTransactionContract(InboxStoreContract):
+    """The SQL stores: a handler can end the inbox's transaction (the in-memory one has none)."""
+
     @pytest.mark.parametrize("how", ["commit", "rollback", "close"])
     async def test_a_handler_that_ends_the_inbox_transaction_stops_the_batch_and_loses_nothing(
         self, store: Mode, effects: Effects, end: Callable[[Any, str], Awaitable[None]], how: str
@@ -496,8 +500,6 @@ class InboxStoreContract:
         SQLite the store's one connection stayed closed). Now the batch fails with
         HandlerEndedTransaction (no outage: no retry in place), what the commit committed
         stays, m-4 and m-5 are not recorded, and the redelivery handles each message once."""
-        if not self.transactional:
-            pytest.skip("the in-memory store has no transaction a handler could end")
         record = effects.handler()
 
         async def careless(message: Message, connection: Any, attempt: int) -> None:
@@ -528,8 +530,6 @@ class InboxStoreContract:
         """A re-drive is one transaction holding the failure row: a handler that commits it
         raises HandlerEndedTransaction; the failure stays and is re-driven again (the effect
         the handler committed repeats once, as documented)."""
-        if not self.transactional:
-            pytest.skip("the in-memory store has no transaction a handler could end")
         judge = retry_after(0)
         record = effects.handler(fail=lambda m, attempt: attempt == 1)
         assert await one(
@@ -558,10 +558,6 @@ class TestInMemoryInbox(InboxStoreContract):
     transactional = False
 
     @pytest.fixture
-    def end(self) -> None:
-        return None
-
-    @pytest.fixture
     def raw_store(self) -> InMemoryStore:
         return InMemoryStore()
 
@@ -579,7 +575,7 @@ class TestInMemoryInbox(InboxStoreContract):
         return Effects(record, read)
 
 
-class TestSqliteInbox(InboxStoreContract):
+class TestSqliteInbox(EndedTransactionContract):
     @pytest.fixture
     def end(self) -> Callable[[Any, str], Awaitable[None]]:
         async def end(connection: Any, how: str) -> None:
@@ -624,7 +620,7 @@ class TestSqliteInbox(InboxStoreContract):
         return Effects(record, read)
 
 
-class TestPostgresInbox(InboxStoreContract):
+class TestPostgresInbox(EndedTransactionContract):
     @pytest.fixture
     def end(self) -> Callable[[Any, str], Awaitable[None]]:
         async def end(connection: Any, how: str) -> None:
@@ -915,7 +911,7 @@ class TestPostgresInbox(InboxStoreContract):
         assert await effects.read() == ["c:m-1"]
 
 
-class TestMysqlInbox(InboxStoreContract):
+class TestMysqlInbox(EndedTransactionContract):
     @pytest.fixture
     def end(self) -> Callable[[Any, str], Awaitable[None]]:
         async def end(connection: Any, how: str) -> None:
