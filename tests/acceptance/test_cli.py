@@ -362,6 +362,19 @@ def test_bad_input_is_one_line_and_changes_nothing(
     assert (tmp_path / "upgraded.db").read_bytes() == before
 
 
+@pytest.mark.parametrize("command", [["stats"], ["db", "upgrade"], ["dlq", "list"]])
+def test_a_file_that_is_not_a_database_is_one_line_and_the_command_exits(
+    cli: Cli, tmp_path: Path, command: list[str]
+) -> None:
+    """The failed open must not leave aiosqlite's connection thread behind: it kept the
+    process alive after the error was printed, so the command never exited."""
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"not a database, " * 100)
+    result = cli(*command, "--database-url", f"sqlite:///{path}", timeout=20)
+    assert_one_line_error(result, 1, "file is not a database")
+    assert path.read_bytes() == b"not a database, " * 100
+
+
 def test_demo_tells_the_whole_story(cli: Cli) -> None:
     result = cli("demo")
     assert result.returncode == 0, result.stderr

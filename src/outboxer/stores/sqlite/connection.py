@@ -102,14 +102,24 @@ class SqliteDatabase:
             return
         try:
             conn = await self._connect()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open SQLite database {self.path}: {exc}") from exc
+        try:
             conn.row_factory = sqlite3.Row
             await conn.execute("PRAGMA busy_timeout = 30000")
             await conn.execute("PRAGMA journal_mode = WAL")
             await conn.execute("PRAGMA synchronous = NORMAL")
             if self._clock is not None:
                 await conn.create_function("outboxer_now", 0, self._clock)
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot open SQLite database {self.path}: {exc}") from exc
+        except BaseException as exc:
+            # aiosqlite runs the connection in a thread of its own that only close() ends; left
+            # open (a file that is not a database fails the first PRAGMA), it keeps the process
+            # alive after the command has reported the error.
+            with contextlib.suppress(Exception):
+                await conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreUnavailable(f"cannot open SQLite database {self.path}: {exc}") from exc
+            raise
         self._conn = conn
 
     def _exists(self) -> bool:
