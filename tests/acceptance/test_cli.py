@@ -225,6 +225,14 @@ def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, database: Datab
     assert "always rejected" in shown["failure_reason"]
     assert "always rejected" in cli("dlq", "list", *db).stdout  # the human table
 
+    # One unknown id among known ones: refused by name, and nothing replayed or purged (as the
+    # API's 404), so a typo never leaves half of a command done.
+    for command, done in ((["replay"], "replayed"), (["purge", "--yes"], "purged")):
+        typo = cli("dlq", *command, *db, poison[0], "no-such-id", "--json")
+        assert typo.returncode == 1 and "no dead letter with id no-such-id" in typo.stderr
+        assert json.loads(typo.stdout) == {done: [], "count": 0, "not_found": ["no-such-id"]}
+    assert json.loads(cli("stats", *db, "--json").stdout)["dead_letters"] == 3
+
     replayed = json.loads(cli("dlq", "replay", *db, poison[0], "--json").stdout)
     assert replayed == {"replayed": [poison[0]], "count": 1, "not_found": []}
     stats = json.loads(cli("stats", *db, "--json").stdout)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import click
@@ -82,22 +82,29 @@ def _bulk(
     as_json: bool = values.pop("as_json")
     progress = not as_json and sys.stderr.isatty()
 
-    async def run(store: AdminStore) -> tuple[list[str], set[str]]:
+    async def run(store: AdminStore) -> tuple[list[str], set[str], list[str]]:
+        """What was done, what a replay skipped, and the ids that name no dead letter."""
+        if flt.ids is not None:
+            # As the API: an unknown id is refused before anything is done, so a typo in one
+            # id never leaves the others replayed or purged and the command exiting 1.
+            unknown = await _unknown_ids(store, flt.ids)
+            if unknown:
+                return [], set(), unknown
         if progress:
             done = await _bulk_in_chunks(store, verb, action, flt)
         else:
             done = await action(store, flt)
         missing = sorted(set(flt.ids or ()) - set(done))
         if not missing or verb != "replayed":
-            return done, set()
+            return done, set(), missing
         # A replay skips a dead letter whose id is in the outbox again: it still exists.
         page = await store.list_dead_letters(
             DeadLetterFilter(ids=missing), limit=len(missing), cursor=None
         )
-        return done, {d.id for d in page.items}
+        skipped = {d.id for d in page.items}
+        return done, skipped, [i for i in missing if i not in skipped]
 
-    done, skipped = with_store(run, database_url, names)
-    missing = sorted(set(flt.ids or ()) - set(done) - skipped)
+    done, skipped, missing = with_store(run, database_url, names)
     if as_json:
         click.echo(json.dumps({verb: done, "count": len(done), "not_found": missing}, indent=2))
     else:
@@ -112,6 +119,19 @@ def _bulk(
         )
     if missing:
         fail(f"no dead letter with id {', '.join(missing)}")
+
+
+async def _unknown_ids(store: AdminStore, ids: Sequence[str]) -> list[str]:
+    """The ids of ``ids`` that name no dead letter."""
+    wanted = list(dict.fromkeys(ids))
+    known: set[str] = set()
+    for start in range(0, len(wanted), 1000):  # the largest page a store lists
+        chunk = wanted[start : start + 1000]
+        page = await store.list_dead_letters(
+            DeadLetterFilter(ids=chunk), limit=len(chunk), cursor=None
+        )
+        known.update(d.id for d in page.items)
+    return [i for i in wanted if i not in known]
 
 
 #: Dead letters per statement when bulk replay/purge shows a progress bar.
