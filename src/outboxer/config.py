@@ -341,6 +341,8 @@ class RelaySettings:
 
     def __post_init__(self) -> None:
         check_fields(self, "relay")
+        if self.relay_id is not None:
+            _check_relay_id(self.relay_id)
         # Derived, not refused: the first idle wait never exceeds the longest, and the heartbeat
         # renews and reaps well within a lease (a lease of 3 s beats every second).
         object.__setattr__(
@@ -349,6 +351,29 @@ class RelaySettings:
         object.__setattr__(
             self, "heartbeat_interval", min(self.heartbeat_interval, self.lease_seconds / 3)
         )
+
+
+#: Longest ``relay_id``: the MySQL/MariaDB registry and lease columns are ``VARCHAR(255)``.
+MAX_RELAY_ID = 255
+
+
+def _check_relay_id(relay_id: str) -> None:
+    """Refuse a relay id a store could not keep. The relay writes it in its registry row and in
+    every lease only once it runs: refused there, the heartbeat died and restarted in a loop
+    (MariaDB: ``Data too long for column 'relay_id'``) and claims failed the same way."""
+    problem = None
+    if len(relay_id) > MAX_RELAY_ID:
+        problem = f"must be at most {MAX_RELAY_ID} characters, not {len(relay_id)}"
+    elif "\x00" in relay_id:
+        problem = "must be free of NUL characters (PostgreSQL cannot store them in text)"
+    elif not relay_id.isascii():
+        try:
+            relay_id.encode()
+        except UnicodeEncodeError:
+            problem = "must be valid Unicode (it holds a lone surrogate)"
+    if problem is not None:
+        shown = repr(relay_id[:40]) + ("…" if len(relay_id) > 40 else "")
+        raise ConfigurationError(f"invalid relay setting relay_id={shown}: {problem}")
 
 
 #: Largest admin request body (a bulk body of 1000 ids of 1000 characters fits).

@@ -131,6 +131,10 @@ def test_nested_backoff_fields_are_flat_options_with_the_documented_names() -> N
         (RelaySettings, {"dead_letter_retention": math.inf}),
         (RelaySettings, {"lease_seconds": math.nan}),
         (RelaySettings, {"batch_size": 0}),
+        # Written in the registry row and every lease: a store must be able to keep it.
+        (RelaySettings, {"relay_id": "r" * 256}),
+        (RelaySettings, {"relay_id": "relay\x00one"}),
+        (RelaySettings, {"relay_id": "relay\ud800"}),
         (InboxSettings, {"consumer": "c", "retention": math.nan}),
         (InboxSettings, {"consumer": "c", "dead_letter_retention": -1.0}),
         (AdminSettings, {"ready_max_age": math.nan}),
