@@ -21,6 +21,7 @@ from outboxer.cli.options import (
     settings_options,
 )
 from outboxer.config import RelaySettings, TableNames
+from outboxer.errors import StoreUnavailable
 
 
 @click.command()
@@ -167,7 +168,14 @@ async def _drain(relay: Any, store: Any, timeout: float) -> None:
         counters = await relay.drain(timeout)
     except TimeoutError:
         counters = None
-    stats = await store.stats()
+    try:
+        stats = await store.stats()
+    except StoreUnavailable as exc:
+        if counters is not None:
+            raise
+        # The database went away during the drain (the usual reason it timed out): say that
+        # the drain did not finish, not only the driver's error.
+        fail(f"drain did not finish within {timeout:g} s; what is left is unknown: {exc}")
     left = stats.pending - stats.scheduled + stats.in_flight
     if counters is None or left:
         why = f"did not finish within {timeout:g} s" if counters is None else "was stopped"
