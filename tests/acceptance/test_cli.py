@@ -330,6 +330,17 @@ def test_purge_asks_before_deleting(cli: Cli, sqlite_url: str) -> None:
             ["invalid cursor"],
         ),
         (["dlq", "replay", "--database-url", "sqlite:///UPGRADED", "nope"], 1, ["no dead letter"]),
+        # Bytes that are not UTF-8 (a pasted id in another encoding): a usage error by name,
+        # on every database (SQLite said "unexpected UnicodeEncodeError", PostgreSQL's driver
+        # refused them in its own words, MySQL found nothing).
+        (["dlq", "show", "--database-url", "sqlite:///UPGRADED", "ab\udcff"], 2,
+         ["DEAD_LETTER_ID", "not valid UTF-8", "character 3"]),
+        (["dlq", "purge", "--yes", "--database-url", "sqlite:///UPGRADED", "ok", "\udcff"], 2,
+         ["IDS", "not valid UTF-8"]),
+        (["messages", "list", "--database-url", "sqlite:///UPGRADED", "--key", "\udcfe"], 2,
+         ["--key", "not valid UTF-8"]),
+        (["messages", "show", "--database-url", "sqlite:///UPGRADED", "\udcfe"], 2,
+         ["MESSAGE_ID", "not valid UTF-8"]),
         # Numbers that would break the relay later are refused at start.
         (["relay", *RELAY, "--retry-cap", "nan"], 2, ["--retry-cap", "finite"]),
         (["relay", *RELAY, "--retry-base", "nan"], 2, ["--retry-base", "finite"]),

@@ -19,7 +19,13 @@ from outboxer.cli._common import (
     store_options,
     with_store,
 )
-from outboxer.cli.options import database_options, filter_options, json_option, page_options
+from outboxer.cli.options import (
+    database_options,
+    filter_options,
+    json_option,
+    page_options,
+    stored_text,
+)
 from outboxer.errors import OutboxerError
 from outboxer.ports import AdminStore, DeadLetter, DeadLetterFilter
 
@@ -53,7 +59,7 @@ def dlq_list(**values: Any) -> None:
 
 @dlq.command("show")
 @database_options
-@click.argument("dead_letter_id")
+@click.argument("dead_letter_id", callback=stored_text)
 @json_option
 def dlq_show(dead_letter_id: str, **values: Any) -> None:
     """One dead letter with payload, reason and attempts."""
@@ -182,7 +188,7 @@ async def _bulk_in_chunks(
 
 @dlq.command("replay")
 @database_options
-@click.argument("ids", nargs=-1)
+@click.argument("ids", nargs=-1, callback=stored_text)
 @click.option("--all", "all_", is_flag=True, help="Every dead letter.")
 @filter_options
 @json_option
@@ -194,7 +200,7 @@ def dlq_replay(**values: Any) -> None:
 
 @dlq.command("purge")
 @database_options
-@click.argument("ids", nargs=-1)
+@click.argument("ids", nargs=-1, callback=stored_text)
 @click.option("--all", "all_", is_flag=True, help="Every dead letter.")
 @filter_options
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")

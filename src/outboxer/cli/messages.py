@@ -7,7 +7,13 @@ from typing import Any, get_args
 import click
 
 from outboxer.cli._common import echo_list, echo_one, printable, short
-from outboxer.cli.options import database_options, filter_options, json_option, page_options
+from outboxer.cli.options import (
+    database_options,
+    filter_options,
+    json_option,
+    page_options,
+    stored_text,
+)
 from outboxer.ports import MessageFilter, MessageState, OutboxMessage
 
 
@@ -49,7 +55,7 @@ def messages_list(**values: Any) -> None:
 
 @messages.command("show")
 @database_options
-@click.argument("message_id")
+@click.argument("message_id", callback=stored_text)
 @json_option
 def messages_show(message_id: str, **values: Any) -> None:
     """One message not yet published, with its payload, state, attempts and last error."""

@@ -87,11 +87,37 @@ database_options = stack(
     env_option("--database-url", required=True, help=database_url_help), names_options
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+def stored_text(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Check text compared with what the stores keep (ids, topics, keys, types): valid Unicode.
+
+    Bytes of an argument that are not UTF-8 (a pasted id in another encoding) reach Python as
+    lone surrogates, which no store can send: PostgreSQL's driver refused them with its own
+    message and SQLite's with an unexpected ``UnicodeEncodeError``, while MySQL found nothing.
+    Refused here, they are one usage error (exit 2) naming the option, on every database. A
+    click callback (of an option or of an argument, ``nargs=-1`` too).
+    """
+    for text in value if isinstance(value, tuple) else (value,):
+        if isinstance(text, str):
+            try:
+                text.encode()
+            except UnicodeEncodeError as exc:
+                raise click.BadParameter(
+                    f"not valid UTF-8 (a byte it cannot decode at character {exc.start + 1})",
+                    ctx,
+                    param,
+                ) from None
+    return value
+
+
 #: ``--topic``/``--type``/``--key``, the filters dead letters and messages share.
 filter_options = stack(
-    click.option("--topic", default=None, help="Only this topic."),
-    click.option("--type", "type_", default=None, help="Only this message type."),
-    click.option("--key", default=None, help="Only this key."),
+    click.option("--topic", default=None, callback=stored_text, help="Only this topic."),
+    click.option(
+        "--type", "type_", default=None, callback=stored_text, help="Only this message type."
+    ),
+    click.option("--key", default=None, callback=stored_text, help="Only this key."),
 )
 #: ``--limit``/``--cursor`` of a list command (pages of the same size as the admin API's).
 page_options = stack(
