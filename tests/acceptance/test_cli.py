@@ -341,6 +341,8 @@ def test_purge_asks_before_deleting(cli: Cli, sqlite_url: str) -> None:
          ["--key", "not valid UTF-8"]),
         (["messages", "show", "--database-url", "sqlite:///UPGRADED", "\udcfe"], 2,
          ["MESSAGE_ID", "not valid UTF-8"]),
+        (["stats", "--database-url", "postgresql://u\udcff:secret@127.0.0.1/db"], 2,
+         ["--database-url", "not valid UTF-8"]),
         # Numbers that would break the relay later are refused at start.
         (["relay", *RELAY, "--retry-cap", "nan"], 2, ["--retry-cap", "finite"]),
         (["relay", *RELAY, "--retry-base", "nan"], 2, ["--retry-base", "finite"]),

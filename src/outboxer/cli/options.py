@@ -67,30 +67,9 @@ def port_option(option: str, default: int, meaning: str) -> Callable[[F], F]:
     )
 
 
-#: ``--schema``/``--table``: which outbox (:class:`~outboxer.config.TableNames`).
-names_options = stack(
-    env_option(
-        "--schema",
-        default=None,
-        help="Schema of the outbox tables (PostgreSQL; the database on MySQL). "
-        "Default: the connection's.",
-    ),
-    env_option(
-        "--table",
-        default="outbox",
-        show_default=True,
-        help="Outbox table name; the other tables are named after it.",
-    ),
-)
-database_url_help = "postgresql://user@host/db or sqlite:///path.db"
-database_options = stack(
-    env_option("--database-url", required=True, help=database_url_help), names_options
-)
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-
-
 def stored_text(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-    """Check text compared with what the stores keep (ids, topics, keys, types): valid Unicode.
+    """Check that text the stores are sent (ids, topics, keys, types, database URLs) is valid
+    Unicode.
 
     Bytes of an argument that are not UTF-8 (a pasted id in another encoding) reach Python as
     lone surrogates, which no store can send: PostgreSQL's driver refused them with its own
@@ -111,6 +90,27 @@ def stored_text(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     return value
 
 
+#: ``--schema``/``--table``: which outbox (:class:`~outboxer.config.TableNames`).
+names_options = stack(
+    env_option(
+        "--schema",
+        default=None,
+        help="Schema of the outbox tables (PostgreSQL; the database on MySQL). "
+        "Default: the connection's.",
+    ),
+    env_option(
+        "--table",
+        default="outbox",
+        show_default=True,
+        help="Outbox table name; the other tables are named after it.",
+    ),
+)
+database_url_help = "postgresql://user@host/db or sqlite:///path.db"
+database_options = stack(
+    env_option("--database-url", required=True, callback=stored_text, help=database_url_help),
+    names_options,
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 #: ``--topic``/``--type``/``--key``, the filters dead letters and messages share.
 filter_options = stack(
     click.option("--topic", default=None, callback=stored_text, help="Only this topic."),
