@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from outboxer import urls
-from outboxer.errors import ConfigurationError
+from outboxer.errors import ConfigurationError, StoreUnavailable
 from outboxer.ports import DatabaseStore
 from outboxer.stores import open_store
 from outboxer.stores.mysql import MysqlStore
@@ -64,3 +66,32 @@ def test_a_registered_scheme_without_its_store_package_is_one_clear_line(
     monkeypatch.setitem(urls.SCHEMES, "cockroachdb", scheme)
     with pytest.raises(ConfigurationError, match="cockroachdb:// databases are not supported"):
         open_store("cockroachdb://root:s3cret@127.0.0.1/app")
+
+
+@pytest.mark.parametrize("scheme", ["mysql", "postgresql"])
+async def test_a_server_that_accepts_but_never_answers_is_unavailable_after_connect_timeout(
+    scheme: str,
+) -> None:
+    """A hung server, or a proxy or load balancer without a backend, accepts the TCP connection
+    and sends nothing. asyncmy's own connect_timeout bounds the TCP connect only, so every
+    command against such a MySQL server hung forever."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # held open, never written to
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        store = open_store(f"{scheme}://app:s3cret@127.0.0.1:{port}/app?connect_timeout=0.5")
+        with pytest.raises(StoreUnavailable) as caught:
+            async with asyncio.timeout(10):
+                await store.__aenter__()
+        assert accepted, "the server was reached"
+        message = str(caught.value)
+        assert "s3cret" not in message and message.rstrip().rstrip(":") == message.rstrip()
+    finally:
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()

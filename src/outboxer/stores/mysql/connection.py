@@ -181,10 +181,24 @@ class MysqlDatabase(PooledDatabase[asyncmy.Pool, Conn]):
                     self.database = str(await fetch_value(conn, "SELECT DATABASE()") or "")
             return
         assert self._options is not None
+        timeout = self._options["connect_timeout"]
         with self.translated_errors():
-            self._pool = await asyncmy.create_pool(
-                minsize=1, maxsize=self._max_connections, pool_recycle=3600, **self._options
-            )
+            try:
+                # asyncmy's connect_timeout bounds the TCP connect only: a server that accepts
+                # the connection and never sends its greeting (a hung server, a proxy or load
+                # balancer without a backend) would hold every command here forever.
+                self._pool = await asyncio.wait_for(
+                    asyncmy.create_pool(
+                        minsize=1, maxsize=self._max_connections, pool_recycle=3600, **self._options
+                    ),
+                    timeout,
+                )
+            except TimeoutError:
+                where = f"{self._options['host']}:{self._options['port']}"
+                raise StoreUnavailable(
+                    f"MySQL unavailable: no answer from {where} within {timeout:g} s "
+                    "(connect_timeout)"
+                ) from None
 
     async def close(self) -> None:
         if self._owns_pool and self._pool is not None:

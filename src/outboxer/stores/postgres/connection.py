@@ -276,6 +276,11 @@ class PostgresDatabase(PooledDatabase[asyncpg.Pool, Conn]):
                 connection_class=CountingConnection,
                 reset=_reset,
             )
+        except TimeoutError as exc:  # its text is empty: the line said only "cannot connect:"
+            raise StoreUnavailable(
+                f"cannot connect to PostgreSQL: no answer within {self._timeout:g} s "
+                "(connect_timeout)"
+            ) from exc
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"cannot connect to PostgreSQL: {_shown(exc)}") from exc
         except (
@@ -318,8 +323,9 @@ class PostgresDatabase(PooledDatabase[asyncpg.Pool, Conn]):
 
 
 def _shown(exc: BaseException) -> str:
-    """A driver's message without any password it may quote from the DSN."""
-    return urls.redact(str(exc))
+    """A driver's message without any password it may quote from the DSN (its type's name
+    when it has none, as a timeout's)."""
+    return urls.redact(str(exc)) or type(exc).__name__
 
 
 class PostgresPart:
