@@ -9,6 +9,8 @@ import dataclasses
 import math
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +205,20 @@ if __name__ == "__main__":  # python -m tests.unit.test_cli_options: rewrite the
             flags=re.DOTALL,
         )
     path.write_text(text)
+
+
+def test_python_m_outboxer_is_the_command(tmp_path: Path) -> None:
+    """``python -m outboxer`` runs the CLI, its failures one line and the documented exit code."""
+    ok = subprocess.run(
+        [sys.executable, "-m", "outboxer", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert (ok.returncode, ok.stdout.split()[0]) == (0, "outboxer,"), ok.stderr
+    url = f"sqlite:///{tmp_path}/missing/x.db"
+    bad = subprocess.run(
+        [sys.executable, "-m", "outboxer", "stats", "--database-url", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("outboxer: error:"), bad.stderr
