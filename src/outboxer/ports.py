@@ -38,6 +38,7 @@ __all__ = [
     "ClaimRequest",
     "ConsumeFailure",
     "ConsumeOutcome",
+    "ConsumerFailures",
     "DeadLetter",
     "DeadLetterFilter",
     "DeadLetterPage",
@@ -328,6 +329,36 @@ class SweepReport:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsumerFailures:
+    """The messages one consumer of the inbox still has to re-drive (``consume_failures`` of
+    ``outboxer stats``): what a failing handler holds up, which the outbox figures never show.
+
+    Attributes:
+        consumer: The consumer's name (``outboxer consume --consumer-name``).
+        retrying: Messages its handlers failed on, waiting for their next attempt.
+        waiting: Messages stored and not tried since: behind an earlier failed message of their
+            key (per-key order), or a replayed consume dead letter before its re-drive.
+        oldest_age_seconds: Age of its oldest failure, from when it was first stored (the
+            database's clock): how long this consumer has been held up.
+
+    Failures given up on are dead letters, counted in ``dead_letters``, not here.
+    """
+
+    consumer: str
+    retrying: int
+    waiting: int
+    oldest_age_seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The figures without the name: the name is their key in ``consume_failures``."""
+        return {
+            "retrying": self.retrying,
+            "waiting": self.waiting,
+            "oldest_age_seconds": self.oldest_age_seconds,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class OutboxStats:
     """What ``outboxer stats`` and ``GET /api/stats`` report.
 
@@ -335,7 +366,8 @@ class OutboxStats:
     heartbeat stopped: work nobody owns until the lease expires and the sweeper takes it back.
     ``scheduled`` counts the ``pending`` messages written for a later time and never tried yet
     (``available_at`` in the future): :meth:`Relay.drain <outboxer.relay.Relay.drain>` does not
-    wait for them.
+    wait for them. ``consume_failures`` is the inbox's side: the consumers that have failed
+    messages still to re-drive, by name (none listed when nothing fails).
     """
 
     pending: int
@@ -346,6 +378,7 @@ class OutboxStats:
     last_sweep: SweepReport | None = None
     unowned_in_flight: int = 0
     scheduled: int = 0
+    consume_failures: Sequence[ConsumerFailures] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -357,6 +390,7 @@ class OutboxStats:
             "last_sweep": self.last_sweep.to_json() if self.last_sweep is not None else None,
             "unowned_in_flight": self.unowned_in_flight,
             "scheduled": self.scheduled,
+            "consume_failures": {c.consumer: c.to_json() for c in self.consume_failures},
         }
 
 

@@ -28,6 +28,7 @@ from outboxer.ports import (
     Claim,
     ClaimRequest,
     ConsumeFailure,
+    ConsumerFailures,
     DeadLetter,
     DeadLetterFilter,
     DeadLetterPage,
@@ -336,6 +337,7 @@ class InMemoryStore:
                 replace(relay, in_flight=sum(r.locked_by == relay.relay_id for r in rows))
                 for relay in self._relays.values()
             ],
+            consume_failures=self._inbox.failing_consumers(now),
         )
 
     def _matching(self, flt: DeadLetterFilter) -> list[tuple[int, DeadLetter]]:
@@ -540,7 +542,7 @@ class _InboxSession:
     ) -> ConsumeFailure:
         if failure.retry_in is not None:  # the inbox row outlives a pending failure
             self._inbox.rows[(consumer, message.id)] = None
-        self._inbox.add_failure(consumer, message, attempts, failure)
+        self._inbox.add_failure(consumer, message, attempts, failure, self._clock())
         return failure
 
     async def dead_letter(self, message: Message, attempts: int, reason: str) -> None:
@@ -587,6 +589,7 @@ class _Failure:
     attempts: int
     next_attempt_at: dt.datetime
     last_error: str
+    failed_at: dt.datetime
     state: str = "retrying"
 
 
@@ -606,7 +609,12 @@ class _Inbox:
         )
 
     def add_failure(
-        self, consumer: str, message: Message, attempts: int, failure: ConsumeFailure
+        self,
+        consumer: str,
+        message: Message,
+        attempts: int,
+        failure: ConsumeFailure,
+        now: dt.datetime,
     ) -> None:
         pair = (consumer, message.id)
         if pair in self.failures:
@@ -619,7 +627,27 @@ class _Inbox:
             attempts=attempts,
             next_attempt_at=_now() + dt.timedelta(seconds=failure.retry_in or 0.0),
             last_error=failure.reason,
+            failed_at=now,
             state="dead" if failure.retry_in is None else "retrying",
+        )
+
+    def failing_consumers(self, now: dt.datetime) -> tuple[ConsumerFailures, ...]:
+        """The ``consume_failures`` of stats: retrying and waiting (not tried since it was
+        stored: attempts 0) failures per consumer, as the SQL stores count them."""
+        mine: dict[str, list[_Failure]] = {}
+        for failure in self.failures.values():
+            if failure.state == "retrying":
+                mine.setdefault(failure.consumer, []).append(failure)
+        return tuple(
+            ConsumerFailures(
+                consumer=consumer,
+                retrying=sum(f.attempts > 0 for f in failures),
+                waiting=sum(f.attempts == 0 for f in failures),
+                oldest_age_seconds=max(
+                    0.0, (now - min(f.failed_at for f in failures)).total_seconds()
+                ),
+            )
+            for consumer, failures in sorted(mine.items())
         )
 
     def due(self, consumer: str, now: dt.datetime) -> list[_Failure]:

@@ -24,8 +24,10 @@ import httpx
 import pytest
 from playwright.async_api import Browser, ConsoleMessage, Dialog, Page, async_playwright, expect
 
+from outboxer.inbox import consume
+from outboxer.message import Message
 from outboxer.outbox import Outbox
-from outboxer.ports import ClaimRequest, DeadLetterFilter, RelayInfo, Settlement
+from outboxer.ports import ClaimRequest, ConsumeFailure, DeadLetterFilter, RelayInfo, Settlement
 from outboxer.stores.postgres import PostgresStore
 from tests.acceptance.conftest import OUTBOXER, ROOT, Cli, assert_one_line_error
 
@@ -338,6 +340,26 @@ async def test_the_dashboard_lists_messages_not_yet_published_with_their_state(
     await expect(rows).to_have_count(1)
     text = await rows.first.inner_text()
     assert leased.id in text and "in flight" in text and "relay-demo-1" in text
+
+    # A consumer fails on a keyed message with two more behind it: the inbox's panel appears.
+    assert await page.locator("#consume-failures-panel").is_hidden()
+
+    async def mail(message: Message, connection: Any, attempt: int) -> None:
+        if message.id == "welcome-1":
+            raise RuntimeError("the mail server said no")
+
+    batch = [Message(id=f"welcome-{n}", topic="users", payload=b"{}", key="u7") for n in (1, 2, 3)]
+    await consume(
+        pg_store,
+        "mailer",
+        batch,
+        mail,
+        on_failure=lambda message, attempts, error: ConsumeFailure(str(error), 600),
+        retention_seconds=60,
+    )
+    failing = page.locator("#consume-failures tbody tr")
+    await expect(failing).to_have_count(1)
+    assert (await failing.first.inner_text()).split("\t")[:3] == ["mailer", "1", "2"]
     assert problems == []
     assert server.stop() == 0
 

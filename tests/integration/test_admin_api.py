@@ -23,8 +23,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from outboxer.admin import create_app, create_app_from_url
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError, StoreUnavailable
+from outboxer.inbox import consume
+from outboxer.message import Message
 from outboxer.outbox import Outbox
-from outboxer.ports import ClaimRequest, OutboxStats, RelayInfo, Retry, Settlement, Store
+from outboxer.ports import (
+    ClaimRequest,
+    ConsumeFailure,
+    OutboxStats,
+    RelayInfo,
+    Retry,
+    Settlement,
+    Store,
+)
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
@@ -113,6 +123,26 @@ async def make_dead(pg_store: PostgresStore, write: MakeDead) -> MakeDead:
         return ids
 
     return make
+
+
+async def hold_up_a_key(store: Store, consumer: str) -> None:
+    """``consumer``'s handler fails on the first message of a key; two more of that key are
+    stored behind it (``consume_failures``: retrying 1, waiting 2)."""
+
+    async def handler(message: Message, connection: Any, attempt: int) -> None:
+        if message.id == "held-1":
+            raise RuntimeError("the mail server said no")
+
+    batch = [Message(id=f"held-{n}", topic="users", payload=b"{}", key="u-7") for n in (1, 2, 3)]
+    outcomes = await consume(
+        store,
+        consumer,
+        batch,
+        handler,
+        on_failure=lambda message, attempts, error: ConsumeFailure(str(error), 600),
+        retention_seconds=60,
+    )
+    assert outcomes == ["retrying", "waiting", "waiting"]
 
 
 async def run_outboxer(*args: str, **env: str) -> tuple[int | None, str, str]:
@@ -241,9 +271,10 @@ async def test_show_one_dead_letter(admin: Client, make_dead: MakeDead) -> None:
 
 
 async def test_stats_are_the_figures_of_the_cli(
-    admin: Client, make_dead: MakeDead, pg_url: str, pg_schema: str
+    admin: Client, make_dead: MakeDead, pg_store: PostgresStore, pg_url: str, pg_schema: str
 ) -> None:
     await make_dead("orders", 2)
+    await hold_up_a_key(pg_store, "mailer")
     conn = await asyncpg.connect(pg_url)
     try:
         await Outbox(schema=pg_schema).enqueue_async(conn, "orders", {"n": 1})
@@ -260,6 +291,12 @@ async def test_stats_are_the_figures_of_the_cli(
         assert api[name] == figures[name], name
     assert (api["pending"], api["dead_letters"]) == (1, 2)
     assert api["oldest_pending_age_seconds"] >= 0
+    # The inbox's failures, by consumer (their ages moved on between the two reads).
+    for failing in (api["consume_failures"], figures["consume_failures"]):
+        assert {name: (f["retrying"], f["waiting"]) for name, f in failing.items()} == {
+            "mailer": (1, 2)
+        }
+        assert failing["mailer"]["oldest_age_seconds"] >= 0
 
 
 async def test_openapi_schema_is_published_without_pages_loading_cdn_scripts(
@@ -937,6 +974,7 @@ async def test_metrics_report_a_known_state(
     admin: Client, make_dead: MakeDead, pg_store: PostgresStore, pg_url: str, pg_schema: str
 ) -> None:
     await make_dead("orders", 3)
+    await hold_up_a_key(pg_store, "mailer")
     conn = await asyncpg.connect(pg_url)
     try:
         outbox = Outbox(schema=pg_schema)
@@ -970,10 +1008,17 @@ async def test_metrics_report_a_known_state(
     age = values[("outboxer_oldest_pending_age_seconds", ())]
     assert stats.oldest_pending_age_seconds is not None
     assert 0 < age <= stats.oldest_pending_age_seconds
+    mailer = (("consumer", "mailer"),)
+    assert values[("outboxer_consume_failures", (*mailer, ("state", "retrying")))] == 1
+    assert values[("outboxer_consume_failures", (*mailer, ("state", "waiting")))] == 2
+    [held] = stats.consume_failures  # read after the scrape: older by then
+    oldest = values[("outboxer_consume_failures_oldest_age_seconds", mailer)]
+    assert 0 <= oldest <= held.oldest_age_seconds
 
 
 async def test_metrics_of_an_empty_outbox(admin: Client) -> None:
     values = parse_metrics((await admin.get("/metrics")).text)
+    assert not [name for name, _ in values if name.startswith("outboxer_consume_failures")]
     for name in (
         "outboxer_pending_messages",
         "outboxer_in_flight_messages",

@@ -3,9 +3,11 @@ consume dead letters through the existing ``outboxer dlq`` and ``outboxer stats`
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
+import time
 from typing import Any
 
 import pytest
@@ -79,6 +81,7 @@ async def test_consume_dead_letters_in_the_dlq_and_stats_commands(
     assert sweep is not None and sweep.consume_failures == 1
     stats = json.loads(outboxer("stats", *db, "--json").stdout)
     assert stats["dead_letters"] == 1 and stats["last_sweep"]["consume_failures"] == 1
+    assert stats["consume_failures"] == {}  # given up: a dead letter, nothing to re-drive
 
     replayed = outboxer("dlq", "replay", "poison-1", *db, "--json")
     assert replayed.returncode == 0, replayed.stderr
@@ -95,3 +98,54 @@ async def test_consume_dead_letters_in_the_dlq_and_stats_commands(
         pg_store, "mailer", fixed, on_failure=give_up, retention_seconds=60, limit=10
     )
     assert outcomes == ["handled"] and handled == ["poison-1#1"]
+
+
+async def test_stats_show_a_consumer_held_up_behind_a_failing_key(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    """``outboxer stats`` names the consumer whose handler fails on a keyed message, with the
+    messages of that key waiting behind it; once the handler is fixed and the key re-driven,
+    the consumer is gone from the figures."""
+    broken = {"yes": True}
+
+    async def mail(message: Message, connection: Any, attempt: int) -> None:
+        if broken["yes"] and message.id == "welcome-1":
+            raise RuntimeError("the mail server said no")
+
+    def retry(message: Message, attempts: int, error: Exception) -> ConsumeFailure:
+        return ConsumeFailure(str(error), 0.1)
+
+    batch = [
+        Message(id=f"welcome-{n}", topic="users", payload=b"{}", key="user-7", type="T")
+        for n in (1, 2, 3)
+    ]
+    outcomes = await consume(
+        pg_store, "mailer", batch, mail, on_failure=retry, retention_seconds=60
+    )
+    assert outcomes == ["retrying", "waiting", "waiting"]
+    db = ["--database-url", pg_url, "--schema", pg_schema]
+
+    result = outboxer("stats", *db, "--json")
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    assert list(stats["consume_failures"]) == ["mailer"]
+    mailer = stats["consume_failures"]["mailer"]
+    assert (mailer["retrying"], mailer["waiting"]) == (1, 2)
+    assert 0 <= mailer["oldest_age_seconds"] < 60
+    assert (stats["pending"], stats["dead_letters"]) == (0, 0)  # invisible to the outbox figures
+    text = outboxer("stats", *db).stdout.splitlines()
+    assert "consume failures    3" in text
+    assert any(line.startswith("  mailer  retrying 1  waiting 2  oldest ") for line in text)
+
+    broken["yes"] = False
+    handled: list[str] = []
+    deadline = time.monotonic() + 10
+    while len(handled) < 3:  # the key's head is due after 0.1 s; then one message a round
+        assert time.monotonic() < deadline
+        handled += await redrive_consume_failures(
+            pg_store, "mailer", mail, on_failure=retry, retention_seconds=60, limit=10
+        )
+        await asyncio.sleep(0.05)
+    assert handled == ["handled"] * 3
+    assert json.loads(outboxer("stats", *db, "--json").stdout)["consume_failures"] == {}
+    assert "consume failures    0" in outboxer("stats", *db).stdout.splitlines()

@@ -357,6 +357,56 @@ class InboxStoreContract:
         if self.transactional:
             assert sorted(await effects.read()) == ["c:m-1", "c:m-2", "c:m-3", "c:m-4", "c:m-5"]
 
+    async def test_stats_count_each_consumers_retrying_and_waiting_failures(
+        self, store: Any, effects: Effects
+    ) -> None:
+        """What an operator sees of a consumer held up by a failing key (``consume_failures``
+        of ``outboxer stats``): the failing message retrying, the two behind it waiting, none
+        of its dead letters; nothing once the handler is fixed and the key re-driven."""
+        broken = {"yes": True}
+        judge = retry_after(0.1)
+        handler = effects.handler(fail=lambda m, a: broken["yes"] and m.id == "m-1")
+        batch = [message(1, key="k"), message(2, key="k"), message(3, key="k")]
+        outcomes = await store.consume("c", batch, handler, on_failure=judge, retention_seconds=60)
+        assert outcomes == ["retrying", "waiting", "waiting"]
+        # Another consumer gave up on a message: a dead letter, not a consume failure.
+        give_up = effects.handler("d", fail=lambda m, a: True)
+        assert (
+            await one(
+                store, "d", message(9), give_up, on_failure=retry_after(0, 1), retention_seconds=60
+            )
+            == "dead"
+        )
+
+        stats = await store.stats()
+        [failing] = stats.consume_failures
+        assert (failing.consumer, failing.retrying, failing.waiting) == ("c", 1, 2)
+        assert 0 <= failing.oldest_age_seconds < 60
+        figures = stats.to_json()["consume_failures"]
+        assert list(figures) == ["c"]
+        assert (figures["c"]["retrying"], figures["c"]["waiting"]) == (1, 2)
+        assert stats.dead_letters == 1
+
+        # The bug is fixed: the key drains, one message per re-drive round, in order.
+        broken["yes"] = False
+        await asyncio.sleep(0.15)
+        options: dict[str, Any] = {"on_failure": judge, "retention_seconds": 60, "limit": 10}
+        assert await store.redrive_consume_failures("c", handler, **options) == ["handled"]
+        [failing] = (await store.stats()).consume_failures
+        assert (failing.consumer, failing.retrying, failing.waiting) == ("c", 0, 2)
+        for _ in range(2):
+            assert await store.redrive_consume_failures("c", handler, **options) == ["handled"]
+        stats = await store.stats()
+        assert (list(stats.consume_failures), stats.to_json()["consume_failures"]) == ([], {})
+
+        # A replayed consume dead letter waits (not tried since) until its re-drive.
+        assert await store.replay_dead_letters(DeadLetterFilter(ids=["m-9"])) == ["m-9"]
+        [failing] = (await store.stats()).consume_failures
+        assert (failing.consumer, failing.retrying, failing.waiting) == ("d", 0, 1)
+        fixed = effects.handler("d")
+        assert await store.redrive_consume_failures("d", fixed, **options) == ["handled"]
+        assert list((await store.stats()).consume_failures) == []
+
     async def test_a_batch_mixes_duplicates_fresh_and_waiting_messages(
         self, store: Mode, effects: Effects
     ) -> None:

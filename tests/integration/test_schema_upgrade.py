@@ -86,6 +86,29 @@ async def test_a_newer_mysql_schema_is_refused_not_reported_current(
         await mysql_store.migrate()
 
 
+async def test_a_schema_from_before_the_inbox_still_gives_stats_without_consume_failures(
+    pg_url: str, pg_schema: str, mysql_url: str, mysql_database: str, tmp_path: Path
+) -> None:
+    """The stats read the inbox's failures table too (``consume_failures``): on a schema older
+    than the inbox (version 2, as a library user may still run) there is no such table, no
+    consumer, and the figures of the outbox are given all the same."""
+    stores = [
+        PostgresStore(pg_url, TableNames(schema=pg_schema)),
+        SqliteStore(tmp_path / "v2.db"),
+        MysqlStore(mysql_url, TableNames(schema=mysql_database)),
+    ]
+    for store in stores:
+        async with store:
+            assert await store.migrate(target=2) == [1, 2]
+            await store.execute(
+                "INSERT INTO {outbox} (id, topic, payload, content_type, headers) "
+                "VALUES ('m-1', 'orders', 'x', 'application/json', '{}')"
+            )
+            stats = await store.stats()
+            assert (stats.pending, stats.dead_letters, list(stats.consume_failures)) == (1, 0, [])
+            assert stats.to_json()["consume_failures"] == {}
+
+
 async def test_a_mistyped_sqlite_path_is_reported_missing_and_not_created(tmp_path: Path) -> None:
     path = tmp_path / "typo.db"
     async with SqliteStore(path) as store:

@@ -40,6 +40,9 @@ class OutboxStatsCollector(Collector):
         outboxer_relay_in_flight_messages{relay_id}: messages each live relay holds.
         outboxer_relay_heartbeat_timestamp_seconds{relay_id}: its last heartbeat (Unix time).
         outboxer_unowned_in_flight_messages: leased by a relay that stopped (when reported).
+        outboxer_consume_failures{consumer,state}: failed consumptions still to re-drive,
+            ``state`` ``retrying`` or ``waiting`` (only consumers with failures have series).
+        outboxer_consume_failures_oldest_age_seconds{consumer}: age of each one's oldest.
         outboxer_last_sweep_*: the last sweep's counts and ``*_timestamp_seconds`` (when one
             has run), e.g. ``outboxer_last_sweep_completed_timestamp_seconds``.
     """
@@ -99,6 +102,9 @@ def _optional_figures(figures: Mapping[str, Any]) -> Iterator[Metric]:
         )
         gauge.add_metric([], float(unowned))
         yield gauge
+    failing = figures.get("consume_failures")
+    if isinstance(failing, Mapping):
+        yield from _consume_failures(failing)
     sweep = figures.get("last_sweep")
     if not isinstance(sweep, Mapping):
         return
@@ -121,6 +127,31 @@ def _optional_figures(figures: Mapping[str, Any]) -> Iterator[Metric]:
             )
             gauge.add_metric([], moment.timestamp())
             yield gauge
+
+
+def _consume_failures(failing: Mapping[str, Any]) -> Iterator[Metric]:
+    """The inbox's failures by consumer. A consumer that has none has no series (not a 0): the
+    set of consumers is not known here, only those the failures table names."""
+    counts = GaugeMetricFamily(
+        "outboxer_consume_failures",
+        "Failed consumptions still to re-drive, by consumer and state (retrying, waiting).",
+        labels=["consumer", "state"],
+    )
+    oldest = GaugeMetricFamily(
+        "outboxer_consume_failures_oldest_age_seconds",
+        "Age of each consumer's oldest failed consumption still to re-drive.",
+        labels=["consumer"],
+    )
+    for consumer, figures in sorted(failing.items()):
+        if not isinstance(figures, Mapping):
+            continue
+        for state in ("retrying", "waiting"):
+            if _is_number(figures.get(state)):
+                counts.add_metric([str(consumer), state], float(figures[state]))
+        if _is_number(figures.get("oldest_age_seconds")):
+            oldest.add_metric([str(consumer)], float(figures["oldest_age_seconds"]))
+    yield counts
+    yield oldest
 
 
 def _is_number(value: object) -> bool:

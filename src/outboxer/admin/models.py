@@ -20,6 +20,7 @@ from outboxer.ports import MessageState
 
 __all__ = [
     "BulkResult",
+    "ConsumerFailuresOut",
     "DeadLetterFilterBody",
     "DeadLetterOut",
     "DeadLetterPageOut",
@@ -120,6 +121,19 @@ class RelayOut(BaseModel):
     in_flight: int
 
 
+class ConsumerFailuresOut(BaseModel):
+    """The failed messages one consumer still has to re-drive (``consume_failures``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    retrying: int = Field(description="its handlers failed; waiting for the next attempt")
+    waiting: int = Field(
+        description="stored behind an earlier failed message of their key (or replayed), "
+        "not tried since"
+    )
+    oldest_age_seconds: float = Field(description="age of its oldest failure")
+
+
 class StatsOut(BaseModel):
     """The figures of ``outboxer stats --json``."""
 
@@ -131,6 +145,10 @@ class StatsOut(BaseModel):
     oldest_pending_age_seconds: float | None
     relays: list[RelayOut]
     last_sweep: dict[str, Any] | None
+    consume_failures: dict[str, ConsumerFailuresOut] = Field(
+        default_factory=dict,
+        description="by consumer name; only consumers with failures are listed",
+    )
 
 
 class BulkResult(BaseModel):

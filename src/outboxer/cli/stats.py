@@ -17,7 +17,8 @@ from outboxer.ports import AdminStore
 @database_options
 @json_option
 def stats(database_url: str, schema: str | None, table: str, as_json: bool) -> None:
-    """Pending, in flight, dead letters, oldest pending age, live relays."""
+    """Pending, in flight, dead letters, oldest pending age, live relays, last sweep, and the
+    consumers' failed messages still to re-drive (retrying, or waiting behind their key)."""
 
     async def read(store: AdminStore) -> dict[str, Any]:
         result: dict[str, Any] = (await store.stats()).to_json()
@@ -41,3 +42,12 @@ def stats(database_url: str, schema: str | None, table: str, as_json: bool) -> N
         )
     sweep = figures["last_sweep"]
     click.echo(f"last sweep          {'-' if sweep is None else json.dumps(sweep)}")
+    # Last, so the lines above read as they always did; the total, then each failing consumer.
+    failing = figures["consume_failures"]
+    total = sum(c["retrying"] + c["waiting"] for c in failing.values())
+    click.echo(f"consume failures    {total}")
+    for name, c in failing.items():
+        click.echo(
+            f"  {printable(name)}  retrying {c['retrying']}  waiting {c['waiting']}  "
+            f"oldest {c['oldest_age_seconds']:.1f}s"
+        )

@@ -22,6 +22,7 @@ from outboxer.errors import (
 from outboxer.message import Message
 from outboxer.ports import (
     Claim,
+    ConsumerFailures,
     DeadLetter,
     DeadLetterFilter,
     DeadLetterPage,
@@ -187,10 +188,12 @@ def sweep_report(row: Row) -> SweepReport:
     )
 
 
-def outbox_stats(row: Row, relays: Sequence[Row], sweep: Row | None) -> OutboxStats:
-    """The figures from the rows of the ``stats``, ``live_relays`` and ``last_sweep`` queries
-    (counts may come back as another numeric type, times as epoch seconds: see
-    :func:`to_datetime`)."""
+def outbox_stats(
+    row: Row, relays: Sequence[Row], sweep: Row | None, failures: Sequence[Row]
+) -> OutboxStats:
+    """The figures from the rows of the ``stats``, ``live_relays``, ``last_sweep`` and
+    ``consume_failures`` queries (counts may come back as another numeric type, times as epoch
+    seconds: see :func:`to_datetime`)."""
     age = row["oldest_age"]
     return OutboxStats(
         pending=int(row["pending"]),
@@ -201,6 +204,20 @@ def outbox_stats(row: Row, relays: Sequence[Row], sweep: Row | None) -> OutboxSt
         last_sweep=sweep_report(sweep) if sweep is not None else None,
         unowned_in_flight=int(row["unowned"]),
         scheduled=int(row["scheduled"]),
+        consume_failures=tuple(
+            sorted((_consumer_failures(r) for r in failures), key=lambda c: c.consumer)
+        ),
+    )
+
+
+def _consumer_failures(row: Row) -> ConsumerFailures:
+    return ConsumerFailures(
+        consumer=row["consumer"],
+        retrying=int(row["retrying"]),
+        waiting=int(row["waiting"]),
+        # max: a failure stored by a transaction that began just after this statement read
+        # its clock (and committed before its snapshot) would be a few microseconds younger
+        oldest_age_seconds=max(0.0, float(row["oldest_age"])),
     )
 
 
@@ -253,8 +270,11 @@ class DeadLetterViews:
     dead letters listed and looked up), over the rows its dialect reads (``_stats_rows``,
     ``_dead_letter_rows``)."""
 
-    async def _stats_rows(self, live_seconds: float) -> tuple[Row, Sequence[Row], Row | None]:
-        """The rows of the ``stats``, ``live_relays`` and ``last_sweep`` queries."""
+    async def _stats_rows(
+        self, live_seconds: float
+    ) -> tuple[Row, Sequence[Row], Row | None, Sequence[Row]]:
+        """The rows of the ``stats``, ``live_relays``, ``last_sweep`` and ``consume_failures``
+        queries (no rows of the last when the inbox's tables are not there)."""
         raise NotImplementedError
 
     async def _dead_letter_rows(

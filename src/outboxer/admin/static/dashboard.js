@@ -224,6 +224,20 @@
     }
     $("no-relays").hidden = stats.relays.length > 0;
 
+    // Shown only while some consumer has failed messages still to re-drive.
+    const failing = Object.entries(stats.consume_failures || {});
+    const failures = $("consume-failures").querySelector("tbody");
+    failures.replaceChildren();
+    for (const [consumer, figures] of failing) {
+      const row = document.createElement("tr");
+      cell(row, consumer, "id");
+      cell(row, figures.retrying);
+      cell(row, figures.waiting);
+      cell(row, seconds(figures.oldest_age_seconds));
+      failures.appendChild(row);
+    }
+    $("consume-failures-panel").hidden = failing.length === 0;
+
     const sweep = $("sweep");
     sweep.replaceChildren();
     $("no-sweep").hidden = !!stats.last_sweep;

@@ -11,12 +11,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from asyncmy import errors as mysql_errors
+
 from outboxer.ports import DeadLetterFilter
 from outboxer.stores._common import DeadLetterViews, Row
-from outboxer.stores.mysql.connection import MysqlPart, execute, fetch_all, fetch_one
+from outboxer.stores.mysql.connection import (
+    MysqlPart,
+    error_code,
+    execute,
+    fetch_all,
+    fetch_one,
+)
 from outboxer.stores.mysql.relay import micros, text_row
 
 __all__ = ["MysqlDeadLetters"]
+
+#: MySQL's "table doesn't exist" (ER_NO_SUCH_TABLE).
+_NO_SUCH_TABLE = 1146
 
 
 def filter_args(flt: DeadLetterFilter) -> dict[str, Any]:
@@ -35,14 +46,23 @@ def filter_args(flt: DeadLetterFilter) -> dict[str, Any]:
 class MysqlDeadLetters(MysqlPart, DeadLetterViews):
     """The operators' port (:class:`~outboxer.ports.AdminStore`) on MySQL."""
 
-    async def _stats_rows(self, live_seconds: float) -> tuple[Row, Sequence[Row], Row | None]:
+    async def _stats_rows(
+        self, live_seconds: float
+    ) -> tuple[Row, Sequence[Row], Row | None, Sequence[Row]]:
         live = {"live_us": micros(live_seconds)}
         async with self.db.connection() as conn:
             row = await fetch_one(conn, self.q["stats"], live)
             assert row is not None  # a SELECT of expressions always returns a row
             relays = await fetch_all(conn, self.q["live_relays"], live)
             sweep = await fetch_one(conn, self.q["last_sweep"])
-        return row, relays, sweep
+            try:
+                failures = [text_row(r) for r in await fetch_all(conn, self.q["consume_failures"])]
+            except mysql_errors.MySQLError as exc:
+                # A schema from before the inbox (version 3): no consumer, so nothing failed.
+                if error_code(exc) != _NO_SUCH_TABLE:
+                    raise
+                failures = []
+        return row, relays, sweep, failures
 
     async def _dead_letter_rows(
         self, flt: DeadLetterFilter, after: int | None, limit: int

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import asyncpg
+
 from outboxer.ports import DeadLetterFilter
 from outboxer.stores._common import DeadLetterViews, Row
 from outboxer.stores.postgres.connection import PostgresPart
@@ -15,13 +17,21 @@ __all__ = ["PostgresDeadLetters"]
 class PostgresDeadLetters(PostgresPart, DeadLetterViews):
     """The operators' port (:class:`~outboxer.ports.AdminStore`) on PostgreSQL."""
 
-    async def _stats_rows(self, live_seconds: float) -> tuple[Row, Sequence[Row], Row | None]:
+    async def _stats_rows(
+        self, live_seconds: float
+    ) -> tuple[Row, Sequence[Row], Row | None, Sequence[Row]]:
         async with self.db.connection() as conn:
             row = await conn.fetchrow(self.q["stats"], float(live_seconds))
             assert row is not None  # an aggregate query always returns one row
             relays = await conn.fetch(self.q["live_relays"], float(live_seconds))
             sweep = await conn.fetchrow(self.q["last_sweep"])
-        return row, relays, sweep
+            try:
+                failures: Sequence[Row] = await conn.fetch(self.q["consume_failures"])
+            except asyncpg.UndefinedTableError:
+                # A schema from before the inbox (version 3): no consumer, so nothing failed.
+                # Not in a transaction, so the connection goes on as if nothing happened.
+                failures = []
+        return row, relays, sweep, failures
 
     async def _dead_letter_rows(
         self, flt: DeadLetterFilter, after: int | None, limit: int

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +17,9 @@ __all__ = ["SqliteDeadLetters"]
 class SqliteDeadLetters(SqlitePart, DeadLetterViews):
     """The operators' port (:class:`~outboxer.ports.AdminStore`) on SQLite."""
 
-    async def _stats_rows(self, live_seconds: float) -> tuple[Row, Sequence[Row], Row | None]:
+    async def _stats_rows(
+        self, live_seconds: float
+    ) -> tuple[Row, Sequence[Row], Row | None, Sequence[Row]]:
         async with self.db.connection() as conn:
             async with conn.execute(self.q["stats"], {"live": live_seconds}) as cur:
                 row = await cur.fetchone()
@@ -24,8 +27,16 @@ class SqliteDeadLetters(SqlitePart, DeadLetterViews):
                 relays = list(await cur.fetchall())
             async with conn.execute(self.q["last_sweep"]) as cur:
                 sweep = await cur.fetchone()
+            failures: Sequence[Row] = []
+            try:
+                async with conn.execute(self.q["consume_failures"]) as cur:
+                    failures = list(await cur.fetchall())
+            except sqlite3.OperationalError as exc:
+                # A schema from before the inbox (version 3): no consumer, so nothing failed.
+                if "no such table" not in str(exc):
+                    raise
         assert row is not None
-        return row, relays, sweep
+        return row, relays, sweep, failures
 
     async def _dead_letter_rows(
         self, flt: DeadLetterFilter, after: int | None, limit: int

@@ -266,6 +266,20 @@ SELECT
         WHERE r.relay_id = o.locked_by
           AND r.heartbeat_at > UTC_TIMESTAMP(6) - INTERVAL %(live_us)s MICROSECOND)) AS unowned
 
+-- name: consume_failures
+-- The inbox's side of stats: per consumer, its failures still to re-drive. Retrying: the
+-- handlers failed (attempts >= 1). Waiting: stored and not tried since (attempts 0): behind an
+-- earlier failure of its key, or a replayed consume dead letter before its re-drive. 'dead'
+-- rows are dead letters, counted there. A small table (failures only), read in consumer
+-- order through one of its indexes that start with consumer: the grouping needs no sort.
+SELECT consumer,
+       SUM(attempts > 0) AS retrying,
+       SUM(attempts = 0) AS waiting,
+       TIMESTAMPDIFF(MICROSECOND, MIN(failed_at), UTC_TIMESTAMP(6)) / 1e6 AS oldest_age
+FROM {inbox_failures}
+WHERE state = 'retrying'
+GROUP BY consumer
+
 -- name: live_relays
 SELECT r.relay_id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
        (SELECT count(*) FROM {outbox} o

@@ -381,6 +381,21 @@ SELECT
         WHERE r.relay_id = o.locked_by
           AND r.heartbeat_at > now() - make_interval(secs => $1))) AS unowned
 
+-- name: consume_failures
+-- The inbox's side of stats: per consumer, its failures still to re-drive. Retrying: the
+-- handlers failed (attempts >= 1). Waiting: stored and not tried since (attempts 0): behind an
+-- earlier failure of its key, or a replayed consume dead letter before its re-drive. 'dead'
+-- rows are dead letters, counted there. It runs at every dashboard poll and scrape: the table
+-- holds only failures (normally a handful of rows), and once many dead rows pile up the
+-- partial index of the retrying ones (inbox_failures_due, 0003_inbox.sql) leaves them out.
+SELECT consumer,
+       count(*) FILTER (WHERE attempts > 0) AS retrying,
+       count(*) FILTER (WHERE attempts = 0) AS waiting,
+       extract(epoch FROM now() - min(failed_at))::float8 AS oldest_age
+FROM {inbox_failures}
+WHERE state = 'retrying'
+GROUP BY consumer
+
 -- name: live_relays
 -- A relay is live while its heartbeat is younger than $1 seconds; dead ones are pruned here.
 SELECT r.relay_id, r.hostname, r.pid, r.started_at, r.heartbeat_at,

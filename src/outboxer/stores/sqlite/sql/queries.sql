@@ -185,6 +185,21 @@ SELECT
         SELECT 1 FROM {relays} r
         WHERE r.relay_id = o.locked_by AND r.heartbeat_at > (julianday('now') - 2440587.5) * 86400.0 - :live)) AS unowned
 
+-- name: consume_failures
+-- The inbox's side of stats: per consumer, its failures still to re-drive. Retrying: the
+-- handlers failed (attempts >= 1). Waiting: stored and not tried since (attempts 0): behind an
+-- earlier failure of its key, or a replayed consume dead letter before its re-drive. 'dead'
+-- rows are dead letters, counted there. A small table (failures only), scanned through the
+-- partial index of its retrying rows (inbox_failures_due, 0003_inbox.sql): dead rows are
+-- skipped and the rows come grouped by consumer.
+SELECT consumer,
+       sum(attempts > 0) AS retrying,
+       sum(attempts = 0) AS waiting,
+       (julianday('now') - 2440587.5) * 86400.0 - min(failed_at) AS oldest_age
+FROM {inbox_failures}
+WHERE state = 'retrying'
+GROUP BY consumer
+
 -- name: live_relays
 SELECT r.relay_id, r.hostname, r.pid, r.started_at, r.heartbeat_at,
        (SELECT count(*) FROM {outbox} o
