@@ -50,13 +50,14 @@ def test_bad_urls_are_refused_in_one_line_without_the_password(url: str, words: 
 
 
 def test_asyncpg_gets_the_declared_options_and_the_timeout_goes_to_the_pool() -> None:
-    dsn, timeout = normalize_url(
+    dsn, timeout, command_timeout = normalize_url(
         "postgres://app:pw@h1,h2:5433/app?application_name=relay%201&connect_timeout=3"
-        "&sslmode=require"
+        "&sslmode=require&command_timeout=7"
     )
     assert dsn == "postgresql://app:pw@h1,h2:5433/app?application_name=relay%201&sslmode=require"
-    assert timeout == 3.0
-    assert normalize_url("postgresql:///app") == ("postgresql:///app", 10.0)
+    assert (timeout, command_timeout) == (3.0, 7.0)
+    assert normalize_url("postgresql:///app") == ("postgresql:///app", 10.0, 60.0)
+    assert normalize_url("postgresql:///app?command_timeout=0")[2] is None  # 0: no limit
 
 
 def test_a_registered_scheme_without_its_store_package_is_one_clear_line(

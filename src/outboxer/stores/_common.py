@@ -377,9 +377,25 @@ class PooledDatabase(abc.ABC, Generic[_P, _C]):
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[_C]:
         """A pooled connection in autocommit (one statement, one round trip)."""
+        acquired = False
         with self.translated_errors():
-            async with self.pool.acquire() as conn:
-                yield conn
+            try:
+                async with self.pool.acquire() as conn:
+                    acquired = True
+                    yield conn
+            except TimeoutError as exc:
+                # The driver's timeout says nothing (its text is empty): name the bound that
+                # ran out, the connect timeout of a new connection or a statement's.
+                error = self.no_answer(statement=acquired)
+                if error is None:
+                    raise
+                raise error from exc
+
+    def no_answer(self, *, statement: bool) -> StoreError | None:
+        """The error of a driver timeout: the database did not answer within the connect
+        timeout (``statement`` False: while a new connection was opened) or the command
+        timeout of a statement. ``None``: the driver's error is translated as it is."""
+        return None
 
     @abc.abstractmethod
     def translated_errors(self) -> contextlib.AbstractContextManager[None]:

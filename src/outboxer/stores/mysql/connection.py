@@ -69,6 +69,15 @@ URL_SPEC = UrlSpec(
             help="seconds to wait for a connection",
         ),
         Option(
+            "command_timeout",
+            "float",
+            default=60.0,
+            minimum=0,
+            maximum=86400,
+            help="seconds any one statement may wait for the server's answer before the "
+            "database counts as unavailable (0: no limit; schema migrations have none)",
+        ),
+        Option(
             "max_connections",
             "int",
             default=10,
@@ -86,6 +95,8 @@ _SESSION = (
     "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
 )
 
+#: "Lost connection to MySQL server during query" (CR_SERVER_LOST)
+_SERVER_LOST = 2013
 _UNAVAILABLE_CODES = frozenset({1040, 1053, 1927, 2002, 2003, 2006, 2013, 2055})
 _LOCK_CODES = frozenset({1205, 1213})
 _SCHEMA_CODES = frozenset({1146, 1054})
@@ -102,6 +113,10 @@ def connect_options(url: ParsedUrl) -> dict[str, Any]:
         "password": url.password or "",
         "database": url.path or None,
         "connect_timeout": url.options["connect_timeout"],
+        # A server that stops answering (a half-open connection after a failover, a hung
+        # server) would hold a statement until the kernel gives up on the socket, ~15 min.
+        # asyncmy bounds each wait for the server's bytes and closes the connection then.
+        "read_timeout": url.options["command_timeout"] or None,
         "charset": "utf8mb4",
         "autocommit": True,
         "init_command": _SESSION,
@@ -194,11 +209,7 @@ class MysqlDatabase(PooledDatabase[asyncmy.Pool, Conn]):
                     timeout,
                 )
             except TimeoutError:
-                where = f"{self._options['host']}:{self._options['port']}"
-                raise StoreUnavailable(
-                    f"MySQL unavailable: no answer from {where} within {timeout:g} s "
-                    "(connect_timeout)"
-                ) from None
+                raise self._no_greeting() from None
 
     async def close(self) -> None:
         if self._owns_pool and self._pool is not None:
@@ -226,6 +237,37 @@ class MysqlDatabase(PooledDatabase[asyncmy.Pool, Conn]):
         async with self.connection() as conn, transaction_on(conn, begin):
             yield conn
 
+    @contextlib.asynccontextmanager
+    async def unbounded_connection(self) -> AsyncIterator[Conn]:
+        """A connection whose statements have no command timeout, for schema migrations (an
+        index built on a live table may take long): one of its own, outside the pool, when the
+        store created its pool with a timeout; a borrowed pool's otherwise."""
+        if self._options is None or self._options["read_timeout"] is None:
+            async with self.connection() as conn:
+                yield conn
+            return
+        options = {**self._options, "read_timeout": None}
+        with self.translated_errors():
+            try:
+                # (the greeting too, which asyncmy's connect_timeout does not bound: see open)
+                conn = await asyncio.wait_for(
+                    asyncmy.connect(**options), options["connect_timeout"]
+                )
+            except TimeoutError:
+                raise self._no_greeting() from None
+            try:
+                yield conn
+            finally:
+                conn.close()
+
+    def _no_greeting(self) -> StoreUnavailable:
+        assert self._options is not None
+        where = f"{self._options['host']}:{self._options['port']}"
+        return StoreUnavailable(
+            f"MySQL unavailable: no answer from {where} within "
+            f"{self._options['connect_timeout']:g} s (connect_timeout)"
+        )
+
     @contextlib.contextmanager
     def translated_errors(self) -> Iterator[None]:
         """Turn asyncmy's errors raised in the block into outboxer's (see the module table)."""
@@ -237,6 +279,13 @@ class MysqlDatabase(PooledDatabase[asyncmy.Pool, Conn]):
                 # asyncmy closes a connection whose statement was cancelled, and a cleanup
                 # statement on it then fails: the cancellation is what happened.
                 raise CancelledError from exc
+            if error_code(exc) == _SERVER_LOST and "(read timeout)" in str(exc) and self._options:
+                # asyncmy's read timeout (our command_timeout) ran out; it closed the
+                # connection, which the pool then discards.
+                raise StoreUnavailable(
+                    f"MySQL unavailable: no answer within {self._options['read_timeout']:g} s "
+                    "(command_timeout)"
+                ) from exc
             error = translate(exc, self.names)
             if error is None:
                 raise

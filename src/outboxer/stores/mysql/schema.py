@@ -39,7 +39,8 @@ class MysqlSchema(MysqlPart):
         # One lock per database, not per table: two outboxes upgraded at once into the same new
         # database would otherwise race on CREATE DATABASE.
         lock = self.db.lock_name("upgrade", per_table=False)
-        async with self.db.connection() as conn:
+        # No command timeout: an index built on a live table may legitimately take long.
+        async with self.db.unbounded_connection() as conn:
             if not await fetch_value(
                 conn,
                 "SELECT GET_LOCK(%(lock)s, %(wait)s)",

@@ -80,6 +80,15 @@ URL_SPEC = urls.UrlSpec(
             maximum=3600,
             help="Seconds to wait for a connection.",
         ),
+        urls.Option(
+            "command_timeout",
+            kind="float",
+            default=60.0,
+            minimum=0,
+            maximum=86400,
+            help="Seconds any one statement may take before the database counts as "
+            "unavailable (0: no limit; schema migrations have none).",
+        ),
     ),
     example="postgresql://app@127.0.0.1:5432/app?sslmode=require",
 )
@@ -216,18 +225,34 @@ async def _reset(con: asyncpg.Connection) -> None:
         await con.execute(query)
 
 
-def normalize_url(url: str) -> tuple[str, float]:
-    """The DSN asyncpg is given for ``url`` and the connect timeout.
+#: The URL's options that are arguments of the pool, not server settings.
+_POOL_OPTIONS = frozenset({"connect_timeout", "command_timeout"})
+
+
+def normalize_url(url: str) -> tuple[str, float, float | None]:
+    """The DSN asyncpg is given for ``url``, the connect timeout and the command timeout
+    (``None``: no limit).
 
     Accepts ``postgresql://``, ``postgres://`` and SQLAlchemy's ``postgresql+driver://``;
     checks the URL against :data:`URL_SPEC` first (one readable line, no password).
     """
     parsed = urls.parse(url, URL_SPEC)
     rest = url.split("://", 1)[1].partition("?")[0]
-    # connect_timeout is a pool argument, not a server setting: asyncpg gets the others.
-    passed = {name: parsed.options[name] for name in sorted(parsed.given - {"connect_timeout"})}
+    passed = {name: parsed.options[name] for name in sorted(parsed.given - _POOL_OPTIONS)}
     query = f"?{urlencode(passed, quote_via=quote)}" if passed else ""
-    return f"postgresql://{rest}{query}", float(parsed.options["connect_timeout"])
+    command_timeout = float(parsed.options["command_timeout"]) or None
+    return f"postgresql://{rest}{query}", float(parsed.options["connect_timeout"]), command_timeout
+
+
+#: The session settings of the store's connections. The claim's estimated cost on a deep
+#: backlog passes jit_above_cost, and compiling it took 0.7 s of a 15 ms claim (EXPLAIN ANALYZE
+#: on 1M rows): the store's short statements never gain from JIT. Generic plans: PostgreSQL
+#: planned the ordered claim anew at every execution (its custom plans looked cheaper), 1.7 of
+#: the 2.1 ms an empty claim took; the generic plan claims as fast on 20k-1M rows
+#: (benchmarks.claim_blocked) and an idle or lightly loaded relay pays 0.45 ms.
+_SESSION: dict[str, Any] = {
+    "server_settings": {"jit": "off", "plan_cache_mode": "force_generic_plan"}
+}
 
 
 class PostgresDatabase(PooledDatabase[asyncpg.Pool, Conn]):
@@ -248,9 +273,12 @@ class PostgresDatabase(PooledDatabase[asyncpg.Pool, Conn]):
         self.names = names
         self._dsn: str | None = None
         self._timeout = 10.0
+        #: Bound of every statement on the pool created here (``None``: none, as a borrowed
+        #: pool's, whose settings are its owner's).
+        self.command_timeout: float | None = None
         self._pool: asyncpg.Pool | None = None
         if isinstance(dsn_or_pool, str):
-            self._dsn, self._timeout = normalize_url(dsn_or_pool)
+            self._dsn, self._timeout, self.command_timeout = normalize_url(dsn_or_pool)
         else:
             self._pool = dsn_or_pool
         self._owns_pool = self._pool is None
@@ -266,14 +294,12 @@ class PostgresDatabase(PooledDatabase[asyncpg.Pool, Conn]):
                 min_size=1,
                 max_size=self._max_connections,
                 timeout=self._timeout,
-                # The claim's estimated cost on a deep backlog passes jit_above_cost, and compiling
-                # it took 0.7 s of a 15 ms claim (EXPLAIN ANALYZE on 1M rows): the store's short
-                # statements never gain from JIT. Generic plans: PostgreSQL planned the ordered
-                # claim anew at every execution (its custom plans looked cheaper), 1.7 of the
-                # 2.1 ms an empty claim took; the generic plan claims as fast on 20k-1M rows
-                # (benchmarks.claim_blocked) and an idle or lightly loaded relay pays 0.45 ms.
-                server_settings={"jit": "off", "plan_cache_mode": "force_generic_plan"},
+                # A database that stops answering (a half-open connection after a failover, a
+                # hung server) would hold a statement until the kernel gives up on the socket,
+                # ~15 min; asyncpg closes a connection whose statement timed out.
+                command_timeout=self.command_timeout,
                 connection_class=CountingConnection,
+                **_SESSION,
                 reset=_reset,
             )
         except TimeoutError as exc:  # its text is empty: the line said only "cannot connect:"
@@ -300,6 +326,39 @@ class PostgresDatabase(PooledDatabase[asyncpg.Pool, Conn]):
         """A pooled connection inside a transaction, committed when the block ends."""
         async with self.connection() as conn, conn.transaction():
             yield conn
+
+    @contextlib.asynccontextmanager
+    async def unbounded_transaction(self) -> AsyncIterator[asyncpg.Connection | Conn]:
+        """A transaction whose statements have no command timeout, for schema migrations (an
+        index built on a live table may take long): a connection of its own, outside the
+        pool, when the store created its pool with a timeout; a borrowed pool's otherwise."""
+        if self.command_timeout is None or not self._owns_pool:
+            async with self.transaction() as conn:
+                yield conn
+            return
+        assert self._dsn is not None
+        with self.translated_errors():
+            conn = await asyncpg.connect(
+                self._dsn, timeout=self._timeout, command_timeout=None, **_SESSION
+            )
+            try:
+                async with conn.transaction():
+                    yield conn
+            finally:
+                await conn.close(timeout=5)
+
+    def no_answer(self, *, statement: bool) -> StoreError | None:
+        if statement and self.command_timeout is None:
+            return None  # (a borrowed pool's own timeout, or one passed to a call)
+        timeout, name = (
+            (self.command_timeout, "command_timeout")
+            if statement
+            else (
+                self._timeout,
+                "connect_timeout",
+            )
+        )
+        return StoreUnavailable(f"PostgreSQL unavailable: no answer within {timeout:g} s ({name})")
 
     @contextlib.contextmanager
     def translated_errors(self) -> Iterator[None]:

@@ -21,7 +21,8 @@ class PostgresSchema(PostgresPart):
         """
         version_table = _sql.render("{schema_version}", self.names)
         applied: list[int] = []
-        async with self.db.transaction() as conn:
+        # No command timeout: an index built on a live table may legitimately take long.
+        async with self.db.unbounded_transaction() as conn:
             # One lock per schema, not per table: two outboxes upgraded at once into the same new
             # schema would otherwise race on CREATE SCHEMA (a unique violation in pg_namespace).
             await conn.execute(
