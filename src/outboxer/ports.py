@@ -45,6 +45,7 @@ __all__ = [
     "DeadLetterStore",
     "DatabaseStore",
     "FailurePolicy",
+    "existing_dead_letter_ids",
     "failure_reason",
     "keeps_key_order",
     "log_last_sweep",
@@ -62,6 +63,7 @@ __all__ = [
     "MessageState",
     "MAX_REASON",
     "NO_REASON",
+    "PAGE_PAYLOAD_BYTES",
     "OutboxMessage",
     "OutboxStats",
     "PendingFailure",
@@ -86,6 +88,14 @@ NO_REASON = "failed without a reason (the error carried no message)"
 #: A failure's reason is cut to this many characters (an error may quote a whole payload; MariaDB
 #: refused a reason over its ``TEXT`` column's 64 KiB, and the consumer retried its batch forever).
 MAX_REASON = 2000
+
+#: A page of a list (``list_dead_letters``, ``list_messages``) stops taking rows once the
+#: payloads of the rows before reach this many bytes, even short of its ``limit``; the first row
+#: always comes, however large, so a page holds at most this plus one payload. The store stops
+#: in its query, so neither the database's answer nor the process (CLI, admin server) ever
+#: holds more: a thousand payloads of 8 MB took a dashboard refresh to gigabytes. The page's
+#: ``next_cursor`` is set as when ``limit`` rows were returned; clients follow it.
+PAGE_PAYLOAD_BYTES = 4 * 1024 * 1024
 
 
 def failure_reason(text: str) -> str:
@@ -483,7 +493,8 @@ class DeadLetterStore(Protocol):
     async def list_dead_letters(
         self, flt: DeadLetterFilter, *, limit: int, cursor: str | None
     ) -> DeadLetterPage:
-        """Dead letters matching ``flt``, newest first."""
+        """Dead letters matching ``flt``, newest first: up to ``limit``, fewer when their
+        payloads reach :data:`PAGE_PAYLOAD_BYTES` (then ``next_cursor`` goes on)."""
         ...
 
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter:
@@ -571,7 +582,8 @@ class MessageReader(Protocol):
     ) -> MessagePage:
         """Messages matching ``flt``, oldest first. A page costs an index walk in write order
         from the cursor, never a scan of the whole backlog (except to find a rare topic/type
-        or state: those are filtered along the walk)."""
+        or state: those are filtered along the walk). Up to ``limit``, fewer when their payloads
+        reach :data:`PAGE_PAYLOAD_BYTES` (then ``next_cursor`` goes on)."""
         ...
 
     async def get_message(self, message_id: str) -> OutboxMessage:
@@ -582,6 +594,28 @@ class MessageReader(Protocol):
 @runtime_checkable
 class AdminStore(StatsStore, DeadLetterStore, MessageReader, Protocol):
     """What the admin API and the operator commands of the CLI use."""
+
+
+async def existing_dead_letter_ids(store: DeadLetterStore, ids: Sequence[str]) -> set[str]:
+    """Those of ``ids`` that name a dead letter (the check before a replay or purge by ids).
+
+    A page of ``len(ids)`` may end short of them when their payloads are large
+    (:data:`PAGE_PAYLOAD_BYTES`), so every page is followed to its end.
+    """
+    wanted = list(dict.fromkeys(ids))
+    found: set[str] = set()
+    for start in range(0, len(wanted), 1000):  # the largest page a store lists
+        chunk = wanted[start : start + 1000]
+        cursor: str | None = None
+        while True:
+            page = await store.list_dead_letters(
+                DeadLetterFilter(ids=chunk), limit=len(chunk), cursor=cursor
+            )
+            found.update(d.id for d in page.items)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    return found
 
 
 @runtime_checkable

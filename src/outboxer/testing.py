@@ -19,8 +19,9 @@ import datetime as dt
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from outboxer import ports
 from outboxer.errors import ConfigurationError, NotFound, PublishError
 from outboxer.message import Message
 from outboxer.outbox import Outbox
@@ -93,6 +94,23 @@ def _suspect_head(
         if row.lease_expiries and free and (head or not ordered) and key not in held:
             return row
     return None
+
+
+_Listed = TypeVar("_Listed", DeadLetter, OutboxMessage)
+
+
+def _within_budget(found: list[tuple[int, _Listed]], limit: int) -> list[tuple[int, _Listed]]:
+    """The page of ``found`` (in page order) as the SQL stores cut it: up to ``limit`` rows,
+    ending early once the payloads before a row reach :data:`outboxer.ports.PAGE_PAYLOAD_BYTES`
+    (the first row always comes)."""
+    page: list[tuple[int, _Listed]] = []
+    before = 0
+    for seq, item in found[:limit]:
+        if page and before >= ports.PAGE_PAYLOAD_BYTES:
+            break
+        page.append((seq, item))
+        before += len(item.payload)
+    return page
 
 
 def _claimable(
@@ -357,8 +375,8 @@ class InMemoryStore:
         limit = check_limit(limit)
         after = parse_cursor(cursor)
         found = [v for v in self._matching(flt) if after is None or v[0] < after]
-        page = found[:limit]
-        next_cursor = str(page[-1][0]) if len(found) > limit else None
+        page = _within_budget(found, limit)
+        next_cursor = str(page[-1][0]) if len(found) > len(page) else None
         return DeadLetterPage([d for _, d in page], next_cursor)
 
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter:
@@ -413,8 +431,8 @@ class InMemoryStore:
                 found.append((row.seq, message))
                 if len(found) > limit:
                     break
-        page = found[:limit]
-        next_cursor = str(page[-1][0]) if len(found) > limit else None
+        page = _within_budget(found, limit)
+        next_cursor = str(page[-1][0]) if len(found) > len(page) else None
         return MessagePage([m for _, m in page], next_cursor)
 
     async def get_message(self, message_id: str) -> OutboxMessage:

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from outboxer import ports
 from outboxer.errors import ConfigurationError, NotFound
 from outboxer.ports import (
     AdminStore,
@@ -36,6 +37,14 @@ from outboxer.ports import (
 
 Add = Callable[..., Awaitable[str]]
 RELAY = "relay-under-test"
+#: Payloads of this size fill the default page budget (4 MiB) after three rows. Under
+#: MariaDB's max_allowed_packet of the test server (16 MiB), as a row must be.
+LARGE = 3 * 512 * 1024
+
+
+def large_payload(n: int) -> bytes:
+    """A payload of :data:`LARGE` bytes that tells which one it is."""
+    return bytes([n]) * LARGE
 
 
 async def claim(
@@ -274,6 +283,51 @@ class StoreContract:
             await store.list_dead_letters(DeadLetterFilter(), limit=0, cursor=None)
         with pytest.raises(ConfigurationError):
             await store.list_dead_letters(DeadLetterFilter(), limit=5, cursor="not-a-cursor")
+
+    async def test_large_dead_letters_page_by_bytes(
+        self, store: Store, add: Add, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A page stops once its payloads reach the budget; next_cursor goes on to the rest."""
+        ids = [await add("big", large_payload(n), key=f"k{n}") for n in range(5)]
+        c = await claim(store, 5)
+        await store.settle(c, Settlement(dead=[(i, "too big") for i in ids]))
+        first = await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)
+        assert len(first.items) == 3  # 3 × 1.5 MiB: the sum before the fourth is 4.5 MiB
+        assert first.next_cursor is not None
+        seen, cursor = list(first.items), first.next_cursor
+        while cursor is not None:
+            page = await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=cursor)
+            assert page.items
+            seen += page.items
+            cursor = page.next_cursor
+        assert sorted(d.id for d in seen) == sorted(ids) and len(seen) == 5
+        assert all(d.payload == large_payload(ids.index(d.id)) for d in seen)
+        monkeypatch.setattr(ports, "PAGE_PAYLOAD_BYTES", 1 << 30)
+        whole = await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)
+        assert [d.id for d in seen] == [d.id for d in whole.items]  # newest first, as one page
+        assert whole.next_cursor is None
+        # A limit under what the budget allows is kept as before.
+        monkeypatch.undo()
+        page = await store.list_dead_letters(DeadLetterFilter(), limit=2, cursor=None)
+        assert [d.id for d in page.items] == [d.id for d in whole.items[:2]]
+        assert page.next_cursor is not None
+
+    async def test_a_dead_letter_over_the_budget_comes_alone(
+        self, store: Store, add: Add, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(ports, "PAGE_PAYLOAD_BYTES", 1024 * 1024)
+        ids = await self._dead_letters(store, add, 2)  # small ones first: older
+        big = await add("big", large_payload(7), key="k7")
+        await store.settle(await claim(store), Settlement(dead=[(big, "too big")]))
+        first = await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)
+        assert [d.id for d in first.items] == [big]
+        assert first.items[0].payload == large_payload(7)
+        assert first.next_cursor is not None
+        rest = await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=first.next_cursor)
+        assert sorted(d.id for d in rest.items) == sorted(ids) and rest.next_cursor is None
+        # Small rows are paged by limit alone.
+        small = await store.list_dead_letters(DeadLetterFilter(topic="t"), limit=1, cursor=None)
+        assert len(small.items) == 1 and small.next_cursor is not None
 
     async def test_filters_select_dead_letters(self, store: Store, add: Add) -> None:
         await self._dead_letters(store, add, 2, topic="a")
@@ -567,6 +621,42 @@ class StoreContract:
             await store.get_message(dead)  # a dead letter now, not an outbox message
         with pytest.raises(NotFound):
             await store.get_message("no-such-id")
+
+    async def test_large_messages_page_by_bytes(
+        self, store: Store, add: Add, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A page stops once its payloads reach the budget; next_cursor goes on to the rest."""
+        ids = [await add("big", large_payload(n), key=f"k{n}") for n in range(5)]
+        first = await store.list_messages(MessageFilter(), limit=10, cursor=None)
+        assert [m.id for m in first.items] == ids[:3]  # the sum before the fourth is 4.5 MiB
+        assert first.next_cursor is not None
+        seen, cursor = list(first.items), first.next_cursor
+        while cursor is not None:
+            page = await store.list_messages(MessageFilter(), limit=10, cursor=cursor)
+            assert page.items
+            seen += page.items
+            cursor = page.next_cursor
+        assert [m.id for m in seen] == ids  # oldest first, each once
+        assert [m.payload for m in seen] == [large_payload(n) for n in range(5)]
+        # The budget counts only the rows that match the filters.
+        keyed = await store.list_messages(MessageFilter(key="k4"), limit=10, cursor=None)
+        assert [m.id for m in keyed.items] == [ids[4]] and keyed.next_cursor is None
+        # A limit under what the budget allows is kept as before.
+        page = await store.list_messages(MessageFilter(), limit=2, cursor=None)
+        assert [m.id for m in page.items] == ids[:2] and page.next_cursor is not None
+        # A message over the budget comes alone, with its cursor; one message is shown whole.
+        monkeypatch.setattr(ports, "PAGE_PAYLOAD_BYTES", 1024 * 1024)
+        small = await add("small", {"n": 1})
+        pages: list[list[str]] = []
+        cursor = None
+        while True:
+            page = await store.list_messages(MessageFilter(), limit=10, cursor=cursor)
+            pages.append([m.id for m in page.items])
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert pages == [[i] for i in ids] + [[small]]
+        assert (await store.get_message(ids[2])).payload == large_payload(2)
 
     async def test_messages_page_oldest_first_and_filter(self, store: Store, add: Add) -> None:
         ids = [

@@ -1145,3 +1145,53 @@ async def test_the_api_on_mariadb(
         assert (await client.get("/readyz")).status_code == 503  # no relay is running
     stats_after = await mysql_store.stats()
     assert (stats_after.pending, stats_after.dead_letters) == (2, 0)
+
+
+async def test_large_payloads_page_by_bytes_and_bulk_ids_still_find_them(
+    admin: Client, pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    """A page stops once its payloads reach PAGE_PAYLOAD_BYTES (4 MiB), short of ``limit``;
+    following ``next_cursor`` still shows every item once, and a replay by ids of dead letters
+    too large for one page finds them all."""
+    blob = "x" * (3 * 512 * 1024)  # 1.5 MiB: the fourth row starts past the budget
+    conn = await asyncpg.connect(pg_url)
+    try:
+        async with conn.transaction():
+            outbox = Outbox(schema=pg_schema)
+            ids = [
+                await outbox.enqueue_async(conn, "big", {"n": n, "blob": blob}) for n in range(5)
+            ]
+    finally:
+        await conn.close()
+
+    async def walk(path: str) -> list[list[dict[str, Any]]]:
+        pages, cursor = [], None
+        while True:
+            params: dict[str, Any] = {"limit": 1000} | ({"cursor": cursor} if cursor else {})
+            body = (await admin.get(path, params=params)).json()
+            assert set(body) == {"items", "next_cursor"} and body["items"]
+            pages.append(body["items"])
+            cursor = body["next_cursor"]
+            if cursor is None:
+                return pages
+
+    pages = await walk("/api/messages")
+    assert [len(p) for p in pages] == [3, 2]
+    items = [m for p in pages for m in p]
+    assert [m["id"] for m in items] == ids
+    assert [m["payload"]["n"] for m in items] == list(range(5))
+    assert all(m["payload"]["blob"] == blob for m in items)
+    small = (await admin.get("/api/messages", params={"limit": 2})).json()
+    assert [m["id"] for m in small["items"]] == ids[:2] and small["next_cursor"]
+
+    claim = await pg_store.claim_batch(
+        ClaimRequest(limit=10, lease_seconds=30, ordered=False, relay_id="r")
+    )
+    assert sorted(m.id for m in claim.messages) == sorted(ids)
+    await pg_store.settle(claim, Settlement(dead=[(i, "too big") for i in ids]))
+    pages = await walk("/api/deadletters")
+    assert [len(p) for p in pages] == [3, 2]
+    assert sorted(d["id"] for p in pages for d in p) == sorted(ids)
+    replayed = await admin.post("/api/deadletters/replay", json={"ids": ids})
+    assert replayed.status_code == 200, replayed.text
+    assert replayed.json()["count"] == 5 and replayed.json()["not_found"] == []

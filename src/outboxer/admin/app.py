@@ -71,6 +71,7 @@ from outboxer.ports import (
     MessageState,
     OutboxMessage,
     OutboxStats,
+    existing_dead_letter_ids,
 )
 from outboxer.urls import redact
 
@@ -589,8 +590,7 @@ async def _bulk_filter(store: AdminStore, body: DeadLetterFilterBody) -> DeadLet
         return DeadLetterFilter(topic=body.topic, type=body.type, key=body.key)
     ids = list(dict.fromkeys(body.ids))
     flt = DeadLetterFilter(ids=ids)
-    page = await store.list_dead_letters(flt, limit=len(ids), cursor=None)
-    missing = sorted(set(ids) - {d.id for d in page.items})
+    missing = sorted(set(ids) - await existing_dead_letter_ids(store, ids))
     if missing:
         raise NotFound(f"no dead letter with id {', '.join(repr(i) for i in missing[:10])}")
     return flt

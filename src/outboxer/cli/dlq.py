@@ -27,7 +27,7 @@ from outboxer.cli.options import (
     stored_text,
 )
 from outboxer.errors import OutboxerError
-from outboxer.ports import AdminStore, DeadLetter, DeadLetterFilter
+from outboxer.ports import AdminStore, DeadLetter, DeadLetterFilter, existing_dead_letter_ids
 
 
 @click.group()
@@ -104,10 +104,7 @@ def _bulk(
         if not missing or verb != "replayed":
             return done, set(), missing
         # A replay skips a dead letter whose id is in the outbox again: it still exists.
-        page = await store.list_dead_letters(
-            DeadLetterFilter(ids=missing), limit=len(missing), cursor=None
-        )
-        skipped = {d.id for d in page.items}
+        skipped = await existing_dead_letter_ids(store, missing)
         return done, skipped, [i for i in missing if i not in skipped]
 
     done, skipped, missing = with_store(run, database_url, names)
@@ -129,15 +126,8 @@ def _bulk(
 
 async def _unknown_ids(store: AdminStore, ids: Sequence[str]) -> list[str]:
     """The ids of ``ids`` that name no dead letter."""
-    wanted = list(dict.fromkeys(ids))
-    known: set[str] = set()
-    for start in range(0, len(wanted), 1000):  # the largest page a store lists
-        chunk = wanted[start : start + 1000]
-        page = await store.list_dead_letters(
-            DeadLetterFilter(ids=chunk), limit=len(chunk), cursor=None
-        )
-        known.update(d.id for d in page.items)
-    return [i for i in wanted if i not in known]
+    known = await existing_dead_letter_ids(store, ids)
+    return [i for i in dict.fromkeys(ids) if i not in known]
 
 
 #: Dead letters per statement when bulk replay/purge shows a progress bar.

@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
+from outboxer import ports
 from outboxer.errors import (
     ConfigurationError,
     HandlerEndedTransaction,
@@ -128,18 +129,27 @@ def message_query(
     limit: int,
     after: int | None,
     condition: Callable[[int, str], str],
+    *,
+    budget: int,
 ) -> tuple[str, list[tuple[str, Any]]]:
     """The ``list_messages`` query of a dialect for these filters, and its parameters in order.
 
     Only the filters given become conditions (``condition(position, column)`` writes one in the
-    dialect's quoting and parameter style, e.g. ``AND o.key = $4``), so each combination gets a
+    dialect's quoting and parameter style, e.g. ``AND o.key = $5``), so each combination gets a
     plan of its own: a key filter can walk the (key, seq) index. Column names come from here,
-    values are always parameters: ``after``, ``limit``, ``state``, then the equalities.
+    values are always parameters: ``after``, ``limit``, ``state``, ``budget`` (the page's
+    payload bytes, see :func:`page_payload_budget`), then the equalities.
     """
     wanted = (("id", message_id), ("topic", flt.topic), ("key", flt.key), ("type", flt.type))
     equal = [(column, value) for column, value in wanted if value is not None]
-    filters = " ".join(condition(n, column) for n, (column, _) in enumerate(equal, 4))
-    params = [("after", after or 0), ("limit", limit), ("state", flt.state), *equal]
+    filters = " ".join(condition(n, column) for n, (column, _) in enumerate(equal, 5))
+    params = [
+        ("after", after or 0),
+        ("limit", limit),
+        ("state", flt.state),
+        ("budget", budget),
+        *equal,
+    ]
     return template.replace("{filters}", filters), params
 
 
@@ -148,21 +158,29 @@ class MessageViews:
     dialect runs (``_message_rows``, built with :func:`message_query`)."""
 
     async def _message_rows(
-        self, flt: MessageFilter, message_id: str | None, limit: int, after: int | None
+        self,
+        flt: MessageFilter,
+        message_id: str | None,
+        limit: int,
+        after: int | None,
+        budget: int,
     ) -> Sequence[Row]:
+        """The rows of the dialect's ``list_messages`` query (see :func:`page_rows`)."""
         raise NotImplementedError
 
     async def list_messages(
         self, flt: MessageFilter, *, limit: int, cursor: str | None
     ) -> MessagePage:
         limit = check_limit(limit)
-        rows = await self._message_rows(flt, None, limit + 1, parse_cursor(cursor))
-        page = rows[:limit]  # one row more than asked says there is a next page
-        next_cursor = str(page[-1]["seq"]) if len(rows) > limit else None
+        rows = await self._message_rows(
+            flt, None, limit + 1, parse_cursor(cursor), page_payload_budget()
+        )
+        page, more = page_rows(rows, limit)
+        next_cursor = str(page[-1]["seq"]) if more else None
         return MessagePage([outbox_message_from_row(r) for r in page], next_cursor)
 
     async def get_message(self, message_id: str) -> OutboxMessage:
-        rows = await self._message_rows(MessageFilter(), message_id, 1, None)
+        rows = await self._message_rows(MessageFilter(), message_id, 1, None, page_payload_budget())
         if not rows:
             raise message_not_found(message_id)
         return outbox_message_from_row(rows[0])
@@ -258,10 +276,28 @@ def check_limit(limit: int) -> int:
     return limit
 
 
+def page_payload_budget() -> int:
+    """:data:`outboxer.ports.PAGE_PAYLOAD_BYTES`, read at every call (tests lower it)."""
+    return ports.PAGE_PAYLOAD_BYTES
+
+
+def page_rows(rows: Sequence[Row], limit: int) -> tuple[Sequence[Row], bool]:
+    """The page in the rows of a list query, and whether there is a next page.
+
+    The query returns up to ``limit + 1`` rows in page order, each with ``in_page``: true while
+    the payloads before the row are under the budget (always for the first row). The rows past
+    the page (one more than ``limit``, or the first one past the budget, returned without its
+    payload) say there is a next page; nothing else does.
+    """
+    page = [r for r in rows[:limit] if r["in_page"]]
+    return page, len(rows) > len(page)
+
+
 def dead_letter_page(rows: Sequence[Row], limit: int) -> DeadLetterPage:
-    """A page from up to ``limit + 1`` rows (newest first): one more row means another page."""
-    page = rows[:limit]
-    next_cursor = str(page[-1]["dl_seq"]) if len(rows) > limit else None
+    """A page from the rows of a dialect's ``list_dead_letters`` query (newest first, see
+    :func:`page_rows`)."""
+    page, more = page_rows(rows, limit)
+    next_cursor = str(page[-1]["dl_seq"]) if more else None
     return DeadLetterPage([dead_letter_from_row(r) for r in page], next_cursor)
 
 
@@ -278,9 +314,11 @@ class DeadLetterViews:
         raise NotImplementedError
 
     async def _dead_letter_rows(
-        self, flt: DeadLetterFilter, after: int | None, limit: int
+        self, flt: DeadLetterFilter, after: int | None, limit: int, budget: int
     ) -> Sequence[Row]:
-        """Up to ``limit`` dead letters of the filter, newest first, older than ``after``."""
+        """Up to ``limit`` dead letters of the filter, newest first, older than ``after``,
+        ending early once the payloads before a row reach ``budget`` bytes (the rows of the
+        dialect's ``list_dead_letters`` query, see :func:`page_rows`)."""
         raise NotImplementedError
 
     async def stats(self, *, live_seconds: float = 15.0) -> OutboxStats:
@@ -290,7 +328,9 @@ class DeadLetterViews:
         self, flt: DeadLetterFilter, *, limit: int, cursor: str | None
     ) -> DeadLetterPage:
         limit = check_limit(limit)
-        rows = await self._dead_letter_rows(flt, parse_cursor(cursor), limit + 1)
+        rows = await self._dead_letter_rows(
+            flt, parse_cursor(cursor), limit + 1, page_payload_budget()
+        )
         return dead_letter_page(rows, limit)
 
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter:

@@ -65,9 +65,9 @@ class MysqlDeadLetters(MysqlPart, DeadLetterViews):
         return row, relays, sweep, failures
 
     async def _dead_letter_rows(
-        self, flt: DeadLetterFilter, after: int | None, limit: int
+        self, flt: DeadLetterFilter, after: int | None, limit: int, budget: int
     ) -> list[Row]:
-        args = {**filter_args(flt), "after": after, "limit": limit}
+        args = {**filter_args(flt), "after": after, "limit": limit, "budget": budget}
         async with self.db.connection() as conn:
             rows = await fetch_all(conn, self.q["list_dead_letters"], args)
         return [text_row(r) for r in rows]

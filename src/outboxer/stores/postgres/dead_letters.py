@@ -34,11 +34,13 @@ class PostgresDeadLetters(PostgresPart, DeadLetterViews):
         return row, relays, sweep, failures
 
     async def _dead_letter_rows(
-        self, flt: DeadLetterFilter, after: int | None, limit: int
+        self, flt: DeadLetterFilter, after: int | None, limit: int, budget: int
     ) -> list[Row]:
         async with self.db.connection() as conn:
             return list(
-                await conn.fetch(self.q["list_dead_letters"], *_filter_args(flt), after, limit)
+                await conn.fetch(
+                    self.q["list_dead_letters"], *_filter_args(flt), after, limit, budget
+                )
             )
 
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:

@@ -39,9 +39,9 @@ class SqliteDeadLetters(SqlitePart, DeadLetterViews):
         return row, relays, sweep, failures
 
     async def _dead_letter_rows(
-        self, flt: DeadLetterFilter, after: int | None, limit: int
+        self, flt: DeadLetterFilter, after: int | None, limit: int, budget: int
     ) -> list[Row]:
-        params = {**_filter_params(flt), "after": after, "limit": limit}
+        params = {**_filter_params(flt), "after": after, "limit": limit, "budget": budget}
         async with (
             self.db.connection() as conn,
             conn.execute(self.q["list_dead_letters"], params) as cur,

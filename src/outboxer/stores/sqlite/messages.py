@@ -15,10 +15,21 @@ class SqliteMessages(SqlitePart, MessageViews):
     """The message reader's port (:class:`~outboxer.ports.MessageReader`) on SQLite."""
 
     async def _message_rows(
-        self, flt: MessageFilter, message_id: str | None, limit: int, after: int | None
+        self,
+        flt: MessageFilter,
+        message_id: str | None,
+        limit: int,
+        after: int | None,
+        budget: int,
     ) -> list[sqlite3.Row]:
         sql, params = message_query(
-            self.q["list_messages"], flt, message_id, limit, after, "AND o.{1} = :{1}".format
+            self.q["list_messages"],
+            flt,
+            message_id,
+            limit,
+            after,
+            "AND o.{1} = :{1}".format,
+            budget=budget,
         )
         async with self.db.connection() as conn, conn.execute(sql, dict(params)) as cur:
             return list(await cur.fetchall())

@@ -291,16 +291,35 @@ ORDER BY r.started_at
 -- name: list_dead_letters
 -- The filters: NULL matches everything. by_id is a constant once the driver has interpolated
 -- the parameters, so the server folds "NOT 0 OR ..." away and uses the id index when it is 1.
-SELECT dl_seq, id, topic, `key`, type, payload, content_type, headers, created_at,
-       dead_lettered_at, failure_reason, attempts, direction
-FROM {dead_letters}
-WHERE (%(topic)s IS NULL OR topic = %(topic)s)
-  AND (%(type)s IS NULL OR type = %(type)s)
-  AND (%(key)s IS NULL OR `key` = %(key)s)
-  AND (NOT %(by_id)s OR id IN %(ids)s)
-  AND (%(after)s IS NULL OR dl_seq < %(after)s)
-ORDER BY dl_seq DESC
-LIMIT %(limit)s
+-- See the PostgreSQL query of the same name for the byte budget: the walk with its LIMIT reads
+-- only the payloads' sizes (no payload in the candidates, so the window runs over at most
+-- limit small rows, never the table), the page ends early once the payloads before a row reach
+-- the budget, only the page's payloads are read (by primary key), and the row past the page
+-- comes without its payload.
+SELECT c.dl_seq, d.id, d.topic, d.`key`, d.type,
+       CASE WHEN c.in_page THEN d.payload END AS payload, d.content_type, d.headers,
+       d.created_at, d.dead_lettered_at, d.failure_reason, d.attempts, d.direction, c.in_page
+FROM (
+    SELECT dl_seq,
+           coalesce(sum(size) OVER (ORDER BY dl_seq DESC
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) < %(budget)s AS in_page,
+           coalesce(sum(size) OVER (ORDER BY dl_seq DESC
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 2 PRECEDING), 0) < %(budget)s AS listed
+    FROM (
+        SELECT dl_seq, length(payload) AS size
+        FROM {dead_letters}
+        WHERE (%(topic)s IS NULL OR topic = %(topic)s)
+          AND (%(type)s IS NULL OR type = %(type)s)
+          AND (%(key)s IS NULL OR `key` = %(key)s)
+          AND (NOT %(by_id)s OR id IN %(ids)s)
+          AND (%(after)s IS NULL OR dl_seq < %(after)s)
+        ORDER BY dl_seq DESC
+        LIMIT %(limit)s
+    ) candidates
+) c
+JOIN {dead_letters} d ON d.dl_seq = c.dl_seq
+WHERE c.listed
+ORDER BY c.dl_seq DESC
 
 -- name: select_dead_letters
 -- The dead letters a replay or purge acts on, locked for the rest of its transaction (MySQL has
@@ -338,25 +357,40 @@ DELETE FROM {dead_letters} WHERE dl_seq IN %(seqs)s
 -- {filters} becomes fixed conditions for the filters given (AND o.`key` = the key parameter;
 -- a value), so a key filter walks the (key, seq) index and the others the primary key from the
 -- cursor, stopping at limit matching rows. The state is judged in the order of
--- outboxer.ports.MessageState; "held" asks the dead letters' key index.
-SELECT m.* FROM (
-    SELECT o.seq, o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers,
-           o.created_at, o.available_at, o.attempts, o.last_error, o.locked_by, o.locked_until,
-           CASE
-               WHEN o.claim_token IS NOT NULL THEN 'in_flight'
-               WHEN o.`key` IS NOT NULL AND EXISTS (
-                   SELECT 1 FROM {dead_letters} d
-                   WHERE d.`key` = o.`key` AND d.direction = 'publish') THEN 'held'
-               WHEN o.available_at > UTC_TIMESTAMP(6) AND o.attempts > 0 THEN 'retrying'
-               WHEN o.available_at > UTC_TIMESTAMP(6) THEN 'scheduled'
-               ELSE 'pending'
-           END AS state
-    FROM {outbox} o
-    WHERE o.seq > %(after)s {filters}
-) m
-WHERE (%(state)s IS NULL OR m.state = %(state)s)
-ORDER BY m.seq
-LIMIT %(limit)s
+-- outboxer.ports.MessageState; "held" asks the dead letters' key index. The page ends early
+-- once the payloads before a row reach the budget (as list_dead_letters).
+SELECT c.*, CASE WHEN c.in_page THEN p.payload END AS payload
+FROM (
+    SELECT w.*,
+           coalesce(sum(w.size) OVER (ORDER BY w.seq
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) < %(budget)s AS in_page,
+           coalesce(sum(w.size) OVER (ORDER BY w.seq
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 2 PRECEDING), 0) < %(budget)s AS listed
+    FROM (
+        SELECT m.* FROM (
+            SELECT o.seq, o.id, o.topic, o.`key`, o.type, length(o.payload) AS size,
+                   o.content_type, o.headers, o.created_at, o.available_at, o.attempts,
+                   o.last_error, o.locked_by, o.locked_until,
+                   CASE
+                       WHEN o.claim_token IS NOT NULL THEN 'in_flight'
+                       WHEN o.`key` IS NOT NULL AND EXISTS (
+                           SELECT 1 FROM {dead_letters} d
+                           WHERE d.`key` = o.`key` AND d.direction = 'publish') THEN 'held'
+                       WHEN o.available_at > UTC_TIMESTAMP(6) AND o.attempts > 0 THEN 'retrying'
+                       WHEN o.available_at > UTC_TIMESTAMP(6) THEN 'scheduled'
+                       ELSE 'pending'
+                   END AS state
+            FROM {outbox} o
+            WHERE o.seq > %(after)s {filters}
+        ) m
+        WHERE (%(state)s IS NULL OR m.state = %(state)s)
+        ORDER BY m.seq
+        LIMIT %(limit)s
+    ) w
+) c
+JOIN {outbox} p ON p.seq = c.seq
+WHERE c.listed
+ORDER BY c.seq
 
 -- ---------------------------------------------------------------------------------------------
 -- Inbox (consumers). See docs/inbox.md, 0003_inbox.sql and postgres/sql/queries.sql, whose

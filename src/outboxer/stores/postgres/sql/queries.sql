@@ -406,16 +406,39 @@ WHERE r.heartbeat_at > now() - make_interval(secs => $1)
 ORDER BY r.started_at
 
 -- name: list_dead_letters
-SELECT dl_seq, id, topic, key, type, payload, content_type, headers::text, created_at,
-       dead_lettered_at, failure_reason, attempts, direction
-FROM {dead_letters}
-WHERE ($1::text IS NULL OR topic = $1)
-  AND ($2::text IS NULL OR type = $2)
-  AND ($3::text IS NULL OR key = $3)
-  AND ($4::text[] IS NULL OR id = ANY($4))
-  AND ($5::bigint IS NULL OR dl_seq < $5)
-ORDER BY dl_seq DESC
-LIMIT $6
+-- A page ends after $6 rows, or earlier once the payloads before a row reach $7 bytes
+-- (outboxer.ports.PAGE_PAYLOAD_BYTES): a list never carries an unbounded sum of payloads into
+-- the process. The candidates are the usual walk of the dl_seq index with its LIMIT, reading
+-- only the payloads' sizes (octet_length of a TOASTed value reads its header, not the value);
+-- the running sums over those at most $6 small rows decide which rows are in the page, and only
+-- those rows' payloads are fetched, by primary key. The first candidate is always in the page
+-- (nothing before it), so a single payload over the budget still comes back alone. One row
+-- past the page comes back too, without its payload (in_page false): it says there is a next
+-- page, as the row past $6 - 1 does.
+SELECT c.dl_seq, d.id, d.topic, d.key, d.type,
+       CASE WHEN c.in_page THEN d.payload END AS payload, d.content_type, d.headers::text,
+       d.created_at, d.dead_lettered_at, d.failure_reason, d.attempts, d.direction, c.in_page
+FROM (
+    SELECT dl_seq,
+           coalesce(sum(size) OVER (ORDER BY dl_seq DESC
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) < $7 AS in_page,
+           coalesce(sum(size) OVER (ORDER BY dl_seq DESC
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 2 PRECEDING), 0) < $7 AS listed
+    FROM (
+        SELECT dl_seq, octet_length(payload) AS size
+        FROM {dead_letters}
+        WHERE ($1::text IS NULL OR topic = $1)
+          AND ($2::text IS NULL OR type = $2)
+          AND ($3::text IS NULL OR key = $3)
+          AND ($4::text[] IS NULL OR id = ANY($4))
+          AND ($5::bigint IS NULL OR dl_seq < $5)
+        ORDER BY dl_seq DESC
+        LIMIT $6
+    ) candidates
+) c
+JOIN {dead_letters} d ON d.dl_seq = c.dl_seq
+WHERE c.listed
+ORDER BY c.dl_seq DESC
 
 -- name: replay_dead_letters
 -- Back to the outbox with the same id (consumers can still dedupe) and attempts reset. A dead
@@ -445,29 +468,45 @@ RETURNING id
 
 -- name: list_messages
 -- The backlog as operators see it (outboxer messages, GET /api/messages), oldest first.
--- {filters} becomes fixed conditions for the filters given ("AND o.key = $4" ...; never a
+-- {filters} becomes fixed conditions for the filters given ("AND o.key = $5" ...; never a
 -- value), so each combination gets its own plan: with a key, the (key, seq) index; otherwise
 -- a walk of the seq index from the cursor that stops at $2 matching rows, never a scan of the
 -- whole backlog. The state is judged in the order of outboxer.ports.MessageState; "held" asks
--- the dead letters' key index.
-SELECT m.* FROM (
-    SELECT o.seq, o.id, o.topic, o.key, o.type, o.payload, o.content_type, o.headers::text,
-           o.created_at, o.available_at, o.attempts, o.last_error, o.locked_by, o.locked_until,
-           CASE
-               WHEN o.claim_token IS NOT NULL THEN 'in_flight'
-               WHEN o.key IS NOT NULL AND EXISTS (
-                   SELECT 1 FROM {dead_letters} d
-                   WHERE d.key = o.key AND d.direction = 'publish') THEN 'held'
-               WHEN o.available_at > now() AND o.attempts > 0 THEN 'retrying'
-               WHEN o.available_at > now() THEN 'scheduled'
-               ELSE 'pending'
-           END AS state
-    FROM {outbox} o
-    WHERE o.seq > $1 {filters}
-) m
-WHERE ($3::text IS NULL OR m.state = $3)
-ORDER BY m.seq
-LIMIT $2
+-- the dead letters' key index. The walk reads only the payloads' sizes; a page ends early once
+-- the payloads before a row reach $4 bytes, and only the page's payloads are fetched, by seq
+-- (see list_dead_letters: the same budget, the same row past the page without its payload).
+SELECT c.*, CASE WHEN c.in_page THEN p.payload END AS payload
+FROM (
+    SELECT w.*,
+           coalesce(sum(w.size) OVER (ORDER BY w.seq
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) < $4 AS in_page,
+           coalesce(sum(w.size) OVER (ORDER BY w.seq
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 2 PRECEDING), 0) < $4 AS listed
+    FROM (
+        SELECT m.* FROM (
+            SELECT o.seq, o.id, o.topic, o.key, o.type, octet_length(o.payload) AS size,
+                   o.content_type, o.headers::text, o.created_at, o.available_at, o.attempts,
+                   o.last_error, o.locked_by, o.locked_until,
+                   CASE
+                       WHEN o.claim_token IS NOT NULL THEN 'in_flight'
+                       WHEN o.key IS NOT NULL AND EXISTS (
+                           SELECT 1 FROM {dead_letters} d
+                           WHERE d.key = o.key AND d.direction = 'publish') THEN 'held'
+                       WHEN o.available_at > now() AND o.attempts > 0 THEN 'retrying'
+                       WHEN o.available_at > now() THEN 'scheduled'
+                       ELSE 'pending'
+                   END AS state
+            FROM {outbox} o
+            WHERE o.seq > $1 {filters}
+        ) m
+        WHERE ($3::text IS NULL OR m.state = $3)
+        ORDER BY m.seq
+        LIMIT $2
+    ) w
+) c
+JOIN {outbox} p ON p.seq = c.seq
+WHERE c.listed
+ORDER BY c.seq
 
 -- ---------------------------------------------------------------------------------------------
 -- Inbox (consumers). See docs/inbox.md and 0003_inbox.sql.

@@ -215,35 +215,68 @@ AND (:key IS NULL OR key = :key)
 AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
 
 -- name: list_dead_letters
-SELECT dl_seq, id, topic, key, type, payload, content_type, headers, created_at,
-       dead_lettered_at, failure_reason, attempts, direction
-FROM {dead_letters}
-WHERE {where} AND (:after IS NULL OR dl_seq < :after)
-ORDER BY dl_seq DESC
-LIMIT :limit
+-- See the PostgreSQL query of the same name: the walk with its LIMIT reads only the payloads'
+-- sizes, the page ends early once the payloads before a row reach :budget bytes, only the
+-- page's payloads are read (by dl_seq), and the row past the page comes without its payload.
+SELECT c.dl_seq, d.id, d.topic, d.key, d.type,
+       CASE WHEN c.in_page THEN d.payload END AS payload, d.content_type, d.headers,
+       d.created_at, d.dead_lettered_at, d.failure_reason, d.attempts, d.direction, c.in_page
+FROM (
+    SELECT dl_seq,
+           coalesce(sum(size) OVER (ORDER BY dl_seq DESC
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) < :budget AS in_page,
+           coalesce(sum(size) OVER (ORDER BY dl_seq DESC
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 2 PRECEDING), 0) < :budget AS listed
+    FROM (
+        SELECT dl_seq, length(payload) AS size  -- a BLOB: its length in bytes
+        FROM {dead_letters}
+        WHERE {where} AND (:after IS NULL OR dl_seq < :after)
+        ORDER BY dl_seq DESC
+        LIMIT :limit
+    ) candidates
+) c
+JOIN {dead_letters} d ON d.dl_seq = c.dl_seq
+WHERE c.listed
+ORDER BY c.dl_seq DESC
 
 -- name: list_messages
 -- See the PostgreSQL query of the same name; {filters} becomes "AND o.key = :key" ... for the
--- filters given, so a key filter walks the (key, seq) index and the others the rowid.
-SELECT m.* FROM (
-    SELECT o.seq, o.id, o.topic, o.key, o.type, o.payload, o.content_type, o.headers,
-           o.created_at, o.available_at, o.attempts, o.last_error, o.locked_by, o.locked_until,
-           CASE
-               WHEN o.claim_token IS NOT NULL THEN 'in_flight'
-               WHEN o.key IS NOT NULL AND EXISTS (
-                   SELECT 1 FROM {dead_letters} d
-                   WHERE d.key = o.key AND d.direction = 'publish') THEN 'held'
-               WHEN o.available_at > (julianday('now') - 2440587.5) * 86400.0
-                    AND o.attempts > 0 THEN 'retrying'
-               WHEN o.available_at > (julianday('now') - 2440587.5) * 86400.0 THEN 'scheduled'
-               ELSE 'pending'
-           END AS state
-    FROM {outbox} o
-    WHERE o.seq > :after {filters}
-) m
-WHERE (:state IS NULL OR m.state = :state)
-ORDER BY m.seq
-LIMIT :limit
+-- filters given, so a key filter walks the (key, seq) index and the others the rowid. The page
+-- ends early once the payloads before a row reach :budget bytes (as list_dead_letters).
+SELECT c.*, CASE WHEN c.in_page THEN p.payload END AS payload
+FROM (
+    SELECT w.*,
+           coalesce(sum(w.size) OVER (ORDER BY w.seq
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) < :budget AS in_page,
+           coalesce(sum(w.size) OVER (ORDER BY w.seq
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 2 PRECEDING), 0) < :budget AS listed
+    FROM (
+        SELECT m.* FROM (
+            SELECT o.seq, o.id, o.topic, o.key, o.type, length(o.payload) AS size,
+                   o.content_type, o.headers, o.created_at, o.available_at, o.attempts,
+                   o.last_error, o.locked_by, o.locked_until,
+                   CASE
+                       WHEN o.claim_token IS NOT NULL THEN 'in_flight'
+                       WHEN o.key IS NOT NULL AND EXISTS (
+                           SELECT 1 FROM {dead_letters} d
+                           WHERE d.key = o.key AND d.direction = 'publish') THEN 'held'
+                       WHEN o.available_at > (julianday('now') - 2440587.5) * 86400.0
+                            AND o.attempts > 0 THEN 'retrying'
+                       WHEN o.available_at > (julianday('now') - 2440587.5) * 86400.0
+                            THEN 'scheduled'
+                       ELSE 'pending'
+                   END AS state
+            FROM {outbox} o
+            WHERE o.seq > :after {filters}
+        ) m
+        WHERE (:state IS NULL OR m.state = :state)
+        ORDER BY m.seq
+        LIMIT :limit
+    ) w
+) c
+JOIN {outbox} p ON p.seq = c.seq
+WHERE c.listed
+ORDER BY c.seq
 
 -- name: replay_copy
 INSERT INTO {outbox} (id, topic, key, type, payload, content_type, headers, created_at)
