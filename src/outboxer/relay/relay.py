@@ -32,12 +32,6 @@ What a failure does:
   its lifecycle ("publisher is not open"), not of the messages: it is logged with its traceback
   and handled as an outage, so one bug never dead-letters the outbox.
 
-Stopping: no new claims; batches in flight get ``shutdown_timeout`` to finish, and everything
-the relay then awaits from the store (the claim in progress, the release of what is unsettled,
-unregistering) only what is left of it: a database that stopped answering cannot hold a stop
-(SIGTERM) longer. What could not be handed back returns when its lease expires, as after a
-crash.
-
 Background tasks (heartbeat, sweeper) are supervised: a task that dies is logged with its
 traceback and restarted after a backoff; one that keeps dying (``max_task_restarts`` deaths in a
 row) stops the relay, and :meth:`Relay.run` raises :class:`~outboxer.errors.RelayFailed`.
@@ -57,7 +51,7 @@ import secrets
 import socket
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any
 
 from outboxer.config import RelaySettings
 from outboxer.errors import (
@@ -175,12 +169,6 @@ class _Fence:
         self.ahead_results.append(result)
 
 
-_T = TypeVar("_T")
-
-#: How long a store call cancelled at the end of the shutdown timeout is given to clean up.
-_CANCEL_GRACE = 1.0
-
-
 def _log_death(task: asyncio.Task[None]) -> None:
     """Done callback of a helper task: its unexpected end is logged, never silent."""
     if not task.cancelled() and task.exception() is not None:
@@ -259,16 +247,11 @@ class Relay:
         self._background: dict[str, asyncio.Task[None]] = {}
         self._task_deaths: dict[str, int] = {}
         self._fatal: RelayFailed | None = None
-        #: When the stop must be done (loop time), fixed when the relay sees it is stopping.
-        self._shutdown_deadline: float | None = None
-        #: What could not be handed back within the shutdown timeout (said once, at the end).
-        self._left_to_lease: list[str] = []
 
     # -- public ------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Ask the relay to stop: no new claims; in-flight batches finish or are released, all
-        within ``shutdown_timeout`` (see the module docstring)."""
+        """Ask the relay to stop: no new claims; in-flight batches finish or are released."""
         self._stop.set()
 
     @property
@@ -309,33 +292,20 @@ class Relay:
             self.settings.max_in_flight_batches,
             "ordered" if self.settings.ordered else "unordered",
         )
-        await self._until_shutdown(log_last_sweep(self.store, log), "reading the last sweep")
+        await log_last_sweep(self.store, log)
         self._supervise("heartbeat", self._heartbeat_loop)
         self._supervise("sweeper", self._sweeper_loop)
         try:
             await self._claim_loop(until_empty)
         finally:
-            self._stopping()
             await self._finish_in_flight()
             background = list(self._background.values())
             self._background.clear()
             for task in background:
                 task.cancel()
-            await self._within_shutdown(background, "the heartbeat and the sweeper")
+            await asyncio.gather(*background, return_exceptions=True)
             with contextlib.suppress(Exception):
-                # At least a moment: a database that answers unregisters in milliseconds.
-                await self._until_shutdown(
-                    self.store.unregister(self.relay_id), "unregistering", at_least=1.0
-                )
-            if self._left_to_lease:
-                log.warning(
-                    "relay %s could not finish %s within the shutdown timeout (%gs; the "
-                    "database did not answer): what it held returns to the outbox when its "
-                    "lease expires, as after a crash",
-                    self.relay_id,
-                    ", ".join(self._left_to_lease),
-                    self.settings.shutdown_timeout,
-                )
+                await self.store.unregister(self.relay_id)
             self._failure_log.flush()
             self.observer.relay_stopped(self.info)
             log.info("relay %s stopped: %s", self.relay_id, self.counters)
@@ -343,52 +313,6 @@ class Relay:
         if self._fatal is not None:
             raise self._fatal
         return self.counters
-
-    # -- bounded shutdown --------------------------------------------------------------------
-
-    def _stopping(self) -> float:
-        """The relay is stopping: when it must be done (fixed the first time it is asked)."""
-        if self._shutdown_deadline is None:
-            self._shutdown_deadline = self._now() + self.settings.shutdown_timeout
-        return self._shutdown_deadline
-
-    def _time_left(self, at_least: float = 0.0) -> float:
-        return max(self._stopping() - self._now(), at_least)
-
-    async def _until_shutdown(
-        self, call: Coroutine[Any, Any, _T], what: str, *, at_least: float = 0.0
-    ) -> _T | None:
-        """Await a store call, but once the relay is stopping for no longer than what is left
-        of the shutdown timeout; ``None`` when that ran out (the call cancelled, ``what``
-        noted for the last log line)."""
-        task = asyncio.ensure_future(call)
-        try:
-            if not self._stop.is_set():
-                stopping = asyncio.ensure_future(self._stop.wait())
-                try:
-                    await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    stopping.cancel()
-            if not task.done():
-                await asyncio.wait({task}, timeout=self._time_left(at_least))
-        except BaseException:
-            task.cancel()
-            raise
-        if task.done():
-            return task.result()
-        task.cancel()
-        self._left_to_lease.append(what)
-        # A driver's cancellation is quick; one stuck on a dead socket is not waited for.
-        await asyncio.wait({task}, timeout=_CANCEL_GRACE)
-        return None
-
-    async def _within_shutdown(self, tasks: Sequence[asyncio.Task[Any]], what: str) -> None:
-        """Wait for ``tasks`` (cancelled or ending) for what is left of the shutdown timeout."""
-        if not tasks:
-            return
-        _, pending = await asyncio.wait(set(tasks), timeout=self._time_left(_CANCEL_GRACE))
-        if pending:
-            self._left_to_lease.append(what)
 
     # -- supervision of background tasks -----------------------------------------------------
 
@@ -457,17 +381,13 @@ class Relay:
         if self._pipelines_runs:
             request = replace(request, behind=self._live_chains())
         try:
-            claim = await self._until_shutdown(
-                self.store.claim_batch(request), "the claim in progress"
-            )
+            claim = await self.store.claim_batch(request)
         except StoreError as exc:
             self.observer.store_unavailable("claim")
             self._store_failures += 1
             delay = settings.outage.delay(self._store_failures)
             log.warning("store unavailable (%s): retrying in %.1fs", exc, delay)
             await self._sleep(delay)
-            return None
-        if claim is None:  # stopped: whatever it took is left to its lease
             return None
         self._store_failures = 0
         self.observer.claimed(len(claim.messages), self._now() - started)
@@ -594,12 +514,13 @@ class Relay:
     async def _finish_in_flight(self) -> None:
         if not self._in_flight:
             return
-        _, pending = await asyncio.wait(set(self._in_flight), timeout=self._time_left())
+        _, pending = await asyncio.wait(
+            set(self._in_flight), timeout=self.settings.shutdown_timeout
+        )
         for task in pending:  # each releases its claim when cancelled
             task.cancel()
-        # The release is a store call too: a database that does not answer leaves it to the
-        # lease. (A second of grace: a healthy database releases in milliseconds.)
-        await self._within_shutdown(list(pending), "releasing the batches in flight")
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def _heartbeat_loop(self) -> None:
         """Keep this relay's registry row fresh so ``stats`` shows it live."""
