@@ -1,0 +1,92 @@
+"""A database that stops answering (a half-open connection after a failover, a hung server):
+simulated by a proxy in front of the real server that forwards nothing while its sockets stay
+open. Statements are bounded by the URL's ``command_timeout``.
+
+The hangs are short: the server's transaction behind a paused proxy stays open meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from outboxer.config import TableNames
+from outboxer.errors import StoreUnavailable
+from outboxer.stores import open_store
+from outboxer.stores.mysql.connection import MysqlDatabase
+from outboxer.stores.postgres.connection import PostgresDatabase
+from tests.tcp_proxy import TcpProxy
+
+ROOT = Path(__file__).resolve().parents[2]
+OUTBOXER = str(Path(sys.executable).parent / "outboxer")
+INPROCESS = "inprocess://tests.acceptance.handlers:registry"
+
+
+@pytest.fixture(params=["postgres", "mariadb"])
+def database(request: pytest.FixtureRequest) -> tuple[str, int, str]:
+    """(URL template with ``{port}``, server port, schema/database) of a fresh namespace."""
+    if request.param == "postgres":
+        schema = request.getfixturevalue("pg_schema")
+        return "postgresql://root@127.0.0.1:{port}/test", 5432, schema
+    name = request.getfixturevalue("mysql_database")
+    return "mysql://root@127.0.0.1:{port}/" + name, 3306, name
+
+
+@pytest.fixture
+async def proxy(database: tuple[str, int, str]) -> AsyncIterator[TcpProxy]:
+    async with TcpProxy("127.0.0.1", database[1]) as proxy:
+        yield proxy  # (stop() resets every connection: no transaction outlives the test)
+
+
+async def test_a_statement_the_database_never_answers_is_an_outage_named_by_its_timeout(
+    database: tuple[str, int, str], proxy: TcpProxy
+) -> None:
+    url, _, schema = database
+    store = open_store(
+        url.format(port=proxy.port) + "?command_timeout=1", TableNames(schema=schema)
+    )
+    async with store:
+        await store.migrate()
+        assert (await store.stats()).pending == 0
+        await proxy.pause()
+        with pytest.raises(StoreUnavailable, match=r"within 1 s \(command_timeout\)"):
+            await asyncio.wait_for(store.stats(), 10)
+        await proxy.resume()
+        # The timed-out connection was discarded: the store works again at once.
+        assert (await asyncio.wait_for(store.stats(), 10)).pending == 0
+
+
+def test_the_command_timeout_goes_to_the_pool_and_not_to_migrations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    names = TableNames()
+    pg = PostgresDatabase("postgresql://h/app?command_timeout=5", names)
+    assert pg.command_timeout == 5.0
+    assert PostgresDatabase("postgresql://h/app?command_timeout=0", names).command_timeout is None
+    my = MysqlDatabase("mysql://h/app", names)
+    assert my._options is not None and my._options["read_timeout"] == 60.0  # the default
+    connected: list[dict[str, Any]] = []
+
+    async def connect(*args: Any, **kwargs: Any) -> Any:
+        connected.append(kwargs)
+        raise OSError("not connecting in a unit test")
+
+    monkeypatch.setattr("asyncpg.connect", connect)
+    monkeypatch.setattr("asyncmy.connect", connect)
+
+    async def migrate_connections() -> None:
+        with pytest.raises(StoreUnavailable):
+            async with pg.unbounded_transaction():
+                pass
+        with pytest.raises(StoreUnavailable):
+            async with my.unbounded_connection():
+                pass
+
+    asyncio.run(migrate_connections())
+    assert connected[0]["command_timeout"] is None
+    assert connected[1]["read_timeout"] is None
