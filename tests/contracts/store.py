@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,17 @@ RELAY = "relay-under-test"
 #: Payloads of this size fill the default page budget (4 MiB) after three rows. Under
 #: MariaDB's max_allowed_packet of the test server (16 MiB), as a row must be.
 LARGE = 3 * 512 * 1024
+
+
+async def following(first: Any, page: Callable[[str], Awaitable[Any]]) -> list[Any]:
+    """The items of ``first`` and of every page after it (``page(cursor)``), none empty."""
+    seen, cursor = list(first.items), first.next_cursor
+    while cursor is not None:
+        more = await page(cursor)
+        assert more.items
+        seen += more.items
+        cursor = more.next_cursor
+    return seen
 
 
 def large_payload(n: int) -> bytes:
@@ -294,12 +306,9 @@ class StoreContract:
         first = await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)
         assert len(first.items) == 3  # 3 × 1.5 MiB: the sum before the fourth is 4.5 MiB
         assert first.next_cursor is not None
-        seen, cursor = list(first.items), first.next_cursor
-        while cursor is not None:
-            page = await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=cursor)
-            assert page.items
-            seen += page.items
-            cursor = page.next_cursor
+        seen = await following(
+            first, lambda c: store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=c)
+        )
         assert sorted(d.id for d in seen) == sorted(ids) and len(seen) == 5
         assert all(d.payload == large_payload(ids.index(d.id)) for d in seen)
         monkeypatch.setattr(ports, "PAGE_PAYLOAD_BYTES", 1 << 30)
@@ -630,12 +639,9 @@ class StoreContract:
         first = await store.list_messages(MessageFilter(), limit=10, cursor=None)
         assert [m.id for m in first.items] == ids[:3]  # the sum before the fourth is 4.5 MiB
         assert first.next_cursor is not None
-        seen, cursor = list(first.items), first.next_cursor
-        while cursor is not None:
-            page = await store.list_messages(MessageFilter(), limit=10, cursor=cursor)
-            assert page.items
-            seen += page.items
-            cursor = page.next_cursor
+        seen = await following(
+            first, lambda c: store.list_messages(MessageFilter(), limit=10, cursor=c)
+        )
         assert [m.id for m in seen] == ids  # oldest first, each once
         assert [m.payload for m in seen] == [large_payload(n) for n in range(5)]
         # The budget counts only the rows that match the filters.
