@@ -592,7 +592,16 @@ class Relay:
                     holders.remove(chained)
                     if not holders:
                         del self._key_holders[key]
-        return frozenset(self._chains)
+        # Not behind a batch whose publish returned with failed keys: a row of such a key
+        # claimed behind it is released at once (it may not overtake the failure), and
+        # claimed again at once, and so on without a pause until that batch settles (a
+        # settle retried against a failing store: a spin that burned a core, and a livelock on
+        # the simulation's virtual clock). Left out, its rows block their keys until it settles.
+        return frozenset(
+            token
+            for token, chained in self._chains.items()
+            if not (chained.failed and chained.published.is_set())
+        )
 
     async def _deliver_alone(self, claim: Claim) -> None:
         """Crash isolation: publish a suspect (a message whose lease expired: its relay died or
