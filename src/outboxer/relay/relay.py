@@ -234,6 +234,8 @@ class Relay:
         #: took each key, in claim order.
         self._chains: dict[int, _Chained] = {}
         self._key_holders: dict[str, list[_Chained]] = {}
+        #: The tokens the last claim could take rows behind (its request's ``behind``).
+        self._claimed_behind: frozenset[int] = frozenset()
         self._window = asyncio.Semaphore(self.settings.max_in_flight_batches)
         self._in_flight: set[asyncio.Task[None]] = set()
         #: Tokens of the batches being settled: their rows leave as the settle commits.
@@ -380,6 +382,7 @@ class Relay:
         request = self._claim_request
         if self._pipelines_runs:
             request = replace(request, behind=self._live_chains())
+            self._claimed_behind = request.behind
         try:
             claim = await self.store.claim_batch(request)
         except StoreError as exc:
@@ -404,10 +407,15 @@ class Relay:
         if self._pipelines_runs and not claim.isolated:
             keys = {m.key for m in claim.messages if m.key is not None}
             chained = self._chains[claim.token] = _Chained(claim.token, keys)
+            behind = self._claimed_behind
             for key in keys:
                 holders = self._key_holders.setdefault(key, [])
-                if holders:  # the latest: it waits for (and fences behind) the ones before it
-                    chained.before[key] = holders[-1]
+                # The latest the claim could take rows behind: it waits for (and fences behind)
+                # the ones before it. A holder left out of the claim's ``behind`` held no row of
+                # the key then (its rows would have blocked the key): nothing to wait for.
+                earlier = [h for h in holders if h.token in behind]
+                if earlier:
+                    chained.before[key] = earlier[-1]
                 holders.append(chained)
         task = asyncio.create_task(self._deliver(claim, chained))
         self._in_flight.add(task)
