@@ -112,6 +112,25 @@ class Option:
         return number
 
 
+#: The timeouts every database URL of a pooled store takes (PostgreSQL, MySQL/MariaDB).
+CONNECT_TIMEOUT = Option(
+    "connect_timeout",
+    kind="float",
+    default=10.0,
+    minimum=0.1,
+    maximum=3600,
+    help="Seconds to wait for a connection.",
+)
+COMMAND_TIMEOUT = Option(
+    "command_timeout",
+    kind="float",
+    default=60.0,
+    minimum=0,
+    maximum=86400,
+    help="Seconds any one statement may wait for the server's answer before the database "
+    "counts as unavailable (0: no limit; schema migrations have none).",
+)
+
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
 

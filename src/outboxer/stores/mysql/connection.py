@@ -46,7 +46,7 @@ from asyncmy.cursors import DictCursor
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError, SchemaError, StoreError, StoreUnavailable
 from outboxer.stores._common import PooledDatabase
-from outboxer.urls import Option, ParsedUrl, UrlSpec, parse
+from outboxer.urls import COMMAND_TIMEOUT, CONNECT_TIMEOUT, Option, ParsedUrl, UrlSpec, parse
 
 __all__ = ["URL_SPEC", "Conn", "MysqlDatabase", "MysqlPart", "connect_options", "transaction_on"]
 
@@ -60,23 +60,8 @@ URL_SPEC = UrlSpec(
     default_port=3306,
     path="optional",
     options=(
-        Option(
-            "connect_timeout",
-            "float",
-            default=10.0,
-            minimum=0.1,
-            maximum=3600,
-            help="seconds to wait for a connection",
-        ),
-        Option(
-            "command_timeout",
-            "float",
-            default=60.0,
-            minimum=0,
-            maximum=86400,
-            help="seconds any one statement may wait for the server's answer before the "
-            "database counts as unavailable (0: no limit; schema migrations have none)",
-        ),
+        CONNECT_TIMEOUT,
+        COMMAND_TIMEOUT,
         Option(
             "max_connections",
             "int",

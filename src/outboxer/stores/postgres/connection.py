@@ -72,23 +72,8 @@ URL_SPEC = urls.UrlSpec(
             choices=("any", "primary", "standby", "prefer-standby", "read-write", "read-only"),
             help="Which of several hosts to use.",
         ),
-        urls.Option(
-            "connect_timeout",
-            kind="float",
-            default=10.0,
-            minimum=0.1,
-            maximum=3600,
-            help="Seconds to wait for a connection.",
-        ),
-        urls.Option(
-            "command_timeout",
-            kind="float",
-            default=60.0,
-            minimum=0,
-            maximum=86400,
-            help="Seconds any one statement may take before the database counts as "
-            "unavailable (0: no limit; schema migrations have none).",
-        ),
+        urls.CONNECT_TIMEOUT,
+        urls.COMMAND_TIMEOUT,
     ),
     example="postgresql://app@127.0.0.1:5432/app?sslmode=require",
 )
