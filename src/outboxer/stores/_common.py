@@ -157,6 +157,14 @@ class MessageViews:
     """The :class:`~outboxer.ports.MessageReader` port of a SQL store, over the one query its
     dialect runs (``_message_rows``, built with :func:`message_query`)."""
 
+    #: How the dialect writes a filter's condition: ``.format(position, column)``, e.g.
+    #: ``AND o.key = $5`` (see :func:`message_query`).
+    _CONDITION: ClassVar[str]
+
+    async def _fetch_messages(self, sql: str, params: list[tuple[str, Any]]) -> Sequence[Row]:
+        """Run the dialect's ``list_messages`` query with :func:`message_query`'s parameters."""
+        raise NotImplementedError
+
     async def _message_rows(
         self,
         flt: MessageFilter,
@@ -166,7 +174,16 @@ class MessageViews:
         budget: int,
     ) -> Sequence[Row]:
         """The rows of the dialect's ``list_messages`` query (see :func:`page_rows`)."""
-        raise NotImplementedError
+        sql, params = message_query(
+            self.q["list_messages"],  # type: ignore[attr-defined]
+            flt,
+            message_id,
+            limit,
+            after,
+            self._CONDITION.format,
+            budget=budget,
+        )
+        return await self._fetch_messages(sql, params)
 
     async def list_messages(
         self, flt: MessageFilter, *, limit: int, cursor: str | None

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from outboxer.ports import MessageFilter
-from outboxer.stores._common import MessageViews, message_query
+from outboxer.stores._common import MessageViews
 from outboxer.stores.mysql.connection import MysqlPart, fetch_all
 from outboxer.stores.mysql.relay import text_row
 
@@ -15,22 +14,10 @@ __all__ = ["MysqlMessages"]
 class MysqlMessages(MysqlPart, MessageViews):
     """The message reader's port (:class:`~outboxer.ports.MessageReader`) on MySQL."""
 
-    async def _message_rows(
-        self,
-        flt: MessageFilter,
-        message_id: str | None,
-        limit: int,
-        after: int | None,
-        budget: int,
+    _CONDITION = "AND o.`{1}` = %({1})s"
+
+    async def _fetch_messages(
+        self, sql: str, params: list[tuple[str, Any]]
     ) -> list[dict[str, Any]]:
-        sql, params = message_query(
-            self.q["list_messages"],
-            flt,
-            message_id,
-            limit,
-            after,
-            "AND o.`{1}` = %({1})s".format,
-            budget=budget,
-        )
         async with self.db.connection() as conn:
             return [text_row(row) for row in await fetch_all(conn, sql, dict(params))]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
-from outboxer.ports import MessageFilter
-from outboxer.stores._common import MessageViews, message_query
+from outboxer.stores._common import MessageViews
 from outboxer.stores.sqlite.connection import SqlitePart
 
 __all__ = ["SqliteMessages"]
@@ -14,22 +14,8 @@ __all__ = ["SqliteMessages"]
 class SqliteMessages(SqlitePart, MessageViews):
     """The message reader's port (:class:`~outboxer.ports.MessageReader`) on SQLite."""
 
-    async def _message_rows(
-        self,
-        flt: MessageFilter,
-        message_id: str | None,
-        limit: int,
-        after: int | None,
-        budget: int,
-    ) -> list[sqlite3.Row]:
-        sql, params = message_query(
-            self.q["list_messages"],
-            flt,
-            message_id,
-            limit,
-            after,
-            "AND o.{1} = :{1}".format,
-            budget=budget,
-        )
+    _CONDITION = "AND o.{1} = :{1}"
+
+    async def _fetch_messages(self, sql: str, params: list[tuple[str, Any]]) -> list[sqlite3.Row]:
         async with self.db.connection() as conn, conn.execute(sql, dict(params)) as cur:
             return list(await cur.fetchall())
