@@ -138,7 +138,7 @@ def message_query(
     dialect's quoting and parameter style, e.g. ``AND o.key = $5``), so each combination gets a
     plan of its own: a key filter can walk the (key, seq) index. Column names come from here,
     values are always parameters: ``after``, ``limit``, ``state``, ``budget`` (the page's
-    payload bytes, see :func:`page_payload_budget`), then the equalities.
+    payload bytes, :data:`outboxer.ports.PAGE_PAYLOAD_BYTES`), then the equalities.
     """
     wanted = (("id", message_id), ("topic", flt.topic), ("key", flt.key), ("type", flt.type))
     equal = [(column, value) for column, value in wanted if value is not None]
@@ -190,14 +190,16 @@ class MessageViews:
     ) -> MessagePage:
         limit = check_limit(limit)
         rows = await self._message_rows(
-            flt, None, limit + 1, parse_cursor(cursor), page_payload_budget()
+            flt, None, limit + 1, parse_cursor(cursor), ports.PAGE_PAYLOAD_BYTES
         )
         page, more = page_rows(rows, limit)
         next_cursor = str(page[-1]["seq"]) if more else None
         return MessagePage([outbox_message_from_row(r) for r in page], next_cursor)
 
     async def get_message(self, message_id: str) -> OutboxMessage:
-        rows = await self._message_rows(MessageFilter(), message_id, 1, None, page_payload_budget())
+        rows = await self._message_rows(
+            MessageFilter(), message_id, 1, None, ports.PAGE_PAYLOAD_BYTES
+        )
         if not rows:
             raise message_not_found(message_id)
         return outbox_message_from_row(rows[0])
@@ -293,11 +295,6 @@ def check_limit(limit: int) -> int:
     return limit
 
 
-def page_payload_budget() -> int:
-    """:data:`outboxer.ports.PAGE_PAYLOAD_BYTES`, read at every call (tests lower it)."""
-    return ports.PAGE_PAYLOAD_BYTES
-
-
 def page_rows(rows: Sequence[Row], limit: int) -> tuple[Sequence[Row], bool]:
     """The page in the rows of a list query, and whether there is a next page.
 
@@ -346,7 +343,7 @@ class DeadLetterViews:
     ) -> DeadLetterPage:
         limit = check_limit(limit)
         rows = await self._dead_letter_rows(
-            flt, parse_cursor(cursor), limit + 1, page_payload_budget()
+            flt, parse_cursor(cursor), limit + 1, ports.PAGE_PAYLOAD_BYTES
         )
         return dead_letter_page(rows, limit)
 
