@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
@@ -93,7 +93,8 @@ def _bulk(
         if flt.ids is not None:
             # As the API: an unknown id is refused before anything is done, so a typo in one
             # id never leaves the others replayed or purged and the command exiting 1.
-            unknown = await _unknown_ids(store, flt.ids)
+            known = await existing_dead_letter_ids(store, flt.ids)
+            unknown = [i for i in dict.fromkeys(flt.ids) if i not in known]
             if unknown:
                 return [], set(), unknown
         if progress:
@@ -122,12 +123,6 @@ def _bulk(
         )
     if missing:
         fail(f"no dead letter with id {', '.join(missing)}")
-
-
-async def _unknown_ids(store: AdminStore, ids: Sequence[str]) -> list[str]:
-    """The ids of ``ids`` that name no dead letter."""
-    known = await existing_dead_letter_ids(store, ids)
-    return [i for i in dict.fromkeys(ids) if i not in known]
 
 
 #: Dead letters per statement when bulk replay/purge shows a progress bar.
