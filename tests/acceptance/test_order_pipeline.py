@@ -333,7 +333,7 @@ async def test_kafka_cut_the_relay_backs_off_and_nothing_is_lost(pipeline: Pipel
 async def test_two_relays_share_the_work_without_duplicates(pipeline: Pipeline) -> None:
     await pipeline.topic("eu")
     # Small batches so that both relays get some of the work.
-    options = ("--batch-size", "5", "--window", "1")
+    options = ("--batch-size", "5", "--window", "1", "--poll-interval", "0.05")
     relays = [pipeline.relay("relay-a", *options), pipeline.relay("relay-b", *options)]
 
     async def both_live() -> bool:
