@@ -18,7 +18,7 @@ import pytest
 from outboxer.config import TableNames
 from outboxer.errors import StoreUnavailable
 from outboxer.stores import open_store
-from outboxer.stores.mysql.connection import MysqlDatabase
+from outboxer.stores.mysql.connection import MysqlDatabase, fetch_value
 from outboxer.stores.postgres.connection import PostgresDatabase
 from tests.tcp_proxy import TcpProxy
 
@@ -61,15 +61,13 @@ async def test_a_statement_the_database_never_answers_is_an_outage_named_by_its_
         assert (await asyncio.wait_for(store.stats(), 10)).pending == 0
 
 
-def test_the_command_timeout_goes_to_the_pool_and_not_to_migrations(
+def test_the_postgres_command_timeout_goes_to_the_pool_and_not_to_migrations(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     names = TableNames()
     pg = PostgresDatabase("postgresql://h/app?command_timeout=5", names)
     assert pg.command_timeout == 5.0
     assert PostgresDatabase("postgresql://h/app?command_timeout=0", names).command_timeout is None
-    my = MysqlDatabase("mysql://h/app", names)
-    assert my._options is not None and my._options["read_timeout"] == 60.0  # the default
     connected: list[dict[str, Any]] = []
 
     async def connect(*args: Any, **kwargs: Any) -> Any:
@@ -77,16 +75,30 @@ def test_the_command_timeout_goes_to_the_pool_and_not_to_migrations(
         raise OSError("not connecting in a unit test")
 
     monkeypatch.setattr("asyncpg.connect", connect)
-    monkeypatch.setattr("asyncmy.connect", connect)
 
-    async def migrate_connections() -> None:
+    async def migrate_connection() -> None:
         with pytest.raises(StoreUnavailable):
             async with pg.unbounded_transaction():
                 pass
-        with pytest.raises(StoreUnavailable):
-            async with my.unbounded_connection():
-                pass
 
-    asyncio.run(migrate_connections())
+    asyncio.run(migrate_connection())
     assert connected[0]["command_timeout"] is None
-    assert connected[1]["read_timeout"] is None
+
+
+async def test_a_mysql_statement_may_outlast_the_command_timeout_only_in_migrations(
+    mysql_database: str,
+) -> None:
+    names = TableNames()
+    assert MysqlDatabase(f"mysql://h/{mysql_database}", names).command_timeout == 60.0
+    db = MysqlDatabase(f"mysql://root@127.0.0.1:3306/{mysql_database}?command_timeout=1", names)
+    await db.open()
+    try:
+        async with db.unbounded_connection() as conn:
+            assert await fetch_value(conn, "SELECT SLEEP(1.5)") == 0
+        with pytest.raises(StoreUnavailable, match=r"within 1 s \(command_timeout\)"):
+            async with db.connection() as conn:
+                await fetch_value(conn, "SELECT SLEEP(1.5)")
+        async with db.connection() as conn:  # the timed-out connection was discarded
+            assert await fetch_value(conn, "SELECT 1") == 1
+    finally:
+        await db.close()

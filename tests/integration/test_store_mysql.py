@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import asyncmy
@@ -14,6 +15,7 @@ from outboxer.ports import ClaimRequest
 from outboxer.relay import Relay
 from outboxer.stores import _sql
 from outboxer.stores.mysql import MysqlStore
+from outboxer.stores.mysql.connection import fetch_value
 from outboxer.stores.mysql.relay import FRONT_PER_MESSAGE, KEYS_PER_MESSAGE
 from outboxer.testing import RecordingPublisher
 from tests.conftest import mysql_connect
@@ -209,3 +211,23 @@ async def test_migrating_step_by_step_equals_a_fresh_install(
 
         assert await columns("stepwise") == await columns("fresh")
         assert await indexes("stepwise") == await indexes("fresh")
+
+
+async def test_a_cancelled_statement_always_ends_its_task(mysql_store: MysqlStore) -> None:
+    """A cancellation that arrives while the server answers, or while a new connection opens,
+    must end the task. asyncmy waits for both with ``asyncio.wait_for`` (for reads only with its
+    own read timeout), which on Python 3.11 may return and drop the cancellation: a stopping
+    relay's sweeper then slept on for 15 s."""
+
+    async def statements() -> None:
+        while True:
+            async with mysql_store.db.connection() as conn:
+                await fetch_value(conn, "SELECT 1")
+
+    rng = random.Random(7)
+    for _ in range(300):
+        task = asyncio.create_task(statements())
+        await asyncio.sleep(rng.uniform(0, 0.003))
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert done, "a cancellation was lost: the task ran on"

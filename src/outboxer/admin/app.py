@@ -607,7 +607,9 @@ def _bulk_result(verb: str, done: list[str], flt: DeadLetterFilter) -> dict[str,
 async def _read_stats(store: AdminStore, timeout: float) -> tuple[OutboxStats | None, str]:
     """Stats, or ``None`` and why not: probes report a broken database, they never crash."""
     try:
-        return await asyncio.wait_for(store.stats(), timeout), ""
+        async with asyncio.timeout(timeout):
+            stats = await store.stats()
+        return stats, ""
     except TimeoutError:
         return None, f"the database did not answer within {timeout:g}s"
     except Exception as exc:  # noqa: BLE001 - any failure means "not reachable" to a probe

@@ -460,7 +460,8 @@ class Inbox:
 
     async def _stopped_within(self, seconds: float) -> bool:
         try:
-            await asyncio.wait_for(self.stopping.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self.stopping.wait()
         except TimeoutError:
             return False
         return True

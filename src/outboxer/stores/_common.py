@@ -466,7 +466,8 @@ async def no_doorbell(timeout: float) -> bool:
 async def wait_for_doorbell(doorbell: asyncio.Event, timeout: float) -> bool:
     """True (and the doorbell cleared) once it rang, False after ``timeout`` seconds."""
     try:
-        await asyncio.wait_for(doorbell.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await doorbell.wait()
     except TimeoutError:
         return False
     doorbell.clear()

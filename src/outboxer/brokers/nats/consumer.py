@@ -86,7 +86,8 @@ class NatsConsumer:
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), 5)
+                async with asyncio.timeout(5):
+                    await client.close()
 
     async def _connect(self) -> Client:
         settings = self.settings.connection
@@ -125,7 +126,8 @@ class NatsConsumer:
             options["password"] = settings.password
         try:
             budget = settings.connect_timeout * (2 * len(settings.servers) + 1)
-            await asyncio.wait_for(client.connect(**options), budget)
+            async with asyncio.timeout(budget):
+                await client.connect(**options)
         except Exception as exc:  # noqa: BLE001 - every connect failure means broker-down
             with contextlib.suppress(Exception):
                 await client.close()
@@ -187,7 +189,8 @@ class NatsConsumer:
                 delay = self.settings.reconnect.delay(failures)
                 log.warning("%s; retrying in %.0f s", exc, delay)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await stop.wait()
         client = self._client
         subscriptions = [
             (subject, await self._subscribe(client, subject)) for subject in self.settings.topics
@@ -227,7 +230,8 @@ class NatsConsumer:
             except nats.errors.Error as exc:
                 log.warning("NATS fetch failed: %s", exc)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 1.0)
+                    async with asyncio.timeout(1.0):
+                        await stop.wait()
                 continue
             messages = []
             for msg in batch:

@@ -252,7 +252,8 @@ class _Connection:
             if remaining <= 0:
                 return False
             try:
-                await asyncio.wait_for(self.room.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self.room.wait()
             except TimeoutError:
                 return False
         return True
@@ -503,7 +504,8 @@ class NatsPublisher:
         # broken transport to close (nats-io/nats.py#718).
         budget = settings.connect_timeout * (2 * len(settings.servers) + 1)
         try:
-            await asyncio.wait_for(client.connect(**options), budget)
+            async with asyncio.timeout(budget):
+                await client.connect(**options)
             await client.subscribe(conn.inbox + "*")  # delivered to conn.on_reply
         except asyncio.CancelledError:  # the publisher is being closed
             await self._close_client(client)
@@ -538,4 +540,5 @@ class NatsPublisher:
         # Bounded: closing flushes buffered data, which can stall on a dead socket, and waits
         # for a transport that a failed TLS handshake never lets close (nats-io/nats.py#718).
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(client.close(), self.settings.connect_timeout)
+            async with asyncio.timeout(self.settings.connect_timeout):
+                await client.close()

@@ -200,7 +200,8 @@ class _Link:
             with contextlib.suppress(pika.exceptions.AMQPError):
                 connection.close()  # unacknowledged deliveries go back to the queue
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.lost), _CLOSE_GRACE)
+            async with asyncio.timeout(_CLOSE_GRACE):
+                await asyncio.shield(self.lost)
 
 
 class RabbitMQConsumer:
@@ -271,7 +272,8 @@ class RabbitMQConsumer:
                     delay = self.settings.reconnect.delay(self._failures)
                     log.warning("%s; reconnecting in %.0f s", exc, delay)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), delay)
+                        async with asyncio.timeout(delay):
+                            await stop.wait()
                     continue
                 self._failures = 0
             batch = await link.next_batch(self.settings.batch_size, stop)

@@ -472,11 +472,13 @@ class _Link:
         self._fail("publisher closed")
         self.close_connection()
         try:
-            await asyncio.wait_for(asyncio.shield(self.gone), grace)
+            async with asyncio.timeout(grace):
+                await asyncio.shield(self.gone)
         except TimeoutError:
             self.abort_connection()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self.gone), 1.0)
+                async with asyncio.timeout(1.0):
+                    await asyncio.shield(self.gone)
 
 
 class RabbitMQPublisher:

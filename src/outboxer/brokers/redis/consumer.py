@@ -140,7 +140,8 @@ class RedisConsumer:
                     delay,
                 )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await stop.wait()
             except ResponseError as exc:
                 # NOGROUP: the group (or the stream) is gone; a read blocked on the stream when
                 # it was deleted is answered "UNBLOCKED the stream key no longer exists" instead.

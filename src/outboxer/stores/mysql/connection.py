@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import logging
 from asyncio import CancelledError
@@ -80,8 +81,16 @@ _SESSION = (
     "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
 )
 
-#: "Lost connection to MySQL server during query" (CR_SERVER_LOST)
-_SERVER_LOST = 2013
+#: The command timeout of the statements run through this module's helpers (``execute``,
+#: ``fetch_*``), set while a store's connection is borrowed. A server that stops answering (a
+#: half-open connection after a failover, a hung server) would otherwise hold a statement until
+#: the kernel gives up on the socket, ~15 min. Not asyncmy's ``read_timeout``: that wraps every
+#: read in ``asyncio.wait_for``, which on Python 3.11 loses a cancellation that arrives with the
+#: server's bytes (a stopping relay then waited a whole sweep interval); and it bounds each
+#: read, where PostgreSQL's ``command_timeout`` bounds the statement, as this does.
+_COMMAND_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "outboxer_mysql_command_timeout", default=None
+)
 _UNAVAILABLE_CODES = frozenset({1040, 1053, 1927, 2002, 2003, 2006, 2013, 2055})
 _LOCK_CODES = frozenset({1205, 1213})
 _SCHEMA_CODES = frozenset({1146, 1054})
@@ -98,10 +107,6 @@ def connect_options(url: ParsedUrl) -> dict[str, Any]:
         "password": url.password or "",
         "database": url.path or None,
         "connect_timeout": url.options["connect_timeout"],
-        # A server that stops answering (a half-open connection after a failover, a hung
-        # server) would hold a statement until the kernel gives up on the socket, ~15 min.
-        # asyncmy bounds each wait for the server's bytes and closes the connection then.
-        "read_timeout": url.options["command_timeout"] or None,
         "charset": "utf8mb4",
         "autocommit": True,
         "init_command": _SESSION,
@@ -161,6 +166,8 @@ class MysqlDatabase(PooledDatabase[asyncmy.Pool, Conn]):
         self._options: dict[str, Any] | None = None
         self._max_connections = 10
         self._pool: asyncmy.Pool | None = None
+        #: Bounds each statement (a borrowed pool: none, as the application configured it).
+        self.command_timeout: float | None = None
         if isinstance(url_or_pool, str):
             url = parse(url_or_pool, URL_SPEC)
             if not url.path and names.schema is None:
@@ -169,6 +176,7 @@ class MysqlDatabase(PooledDatabase[asyncmy.Pool, Conn]):
                 )
             self._options = connect_options(url)
             self._max_connections = max_connections or url.options["max_connections"]
+            self.command_timeout = url.options["command_timeout"] or None
         else:
             self._pool = url_or_pool
         self._owns_pool = self._pool is None
@@ -187,21 +195,26 @@ class MysqlDatabase(PooledDatabase[asyncmy.Pool, Conn]):
                 # asyncmy's connect_timeout bounds the TCP connect only: a server that accepts
                 # the connection and never sends its greeting (a hung server, a proxy or load
                 # balancer without a backend) would hold every command here forever.
-                self._pool = await asyncio.wait_for(
-                    asyncmy.create_pool(
+                async with asyncio.timeout(timeout):
+                    self._pool = await asyncmy.create_pool(
                         minsize=1, maxsize=self._max_connections, pool_recycle=3600, **self._options
-                    ),
-                    timeout,
-                )
+                    )
             except TimeoutError:
-                raise self._no_greeting() from None
+                where = f"{self._options['host']}:{self._options['port']}"
+                raise StoreUnavailable(
+                    f"MySQL unavailable: no answer from {where} within {timeout:g} s "
+                    "(connect_timeout)"
+                ) from None
 
     async def close(self) -> None:
         if self._owns_pool and self._pool is not None:
-            self._pool.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._pool.wait_closed(), 5)
-            self._pool = None
+            pool, self._pool = self._pool, None
+            pool.close()
+            try:
+                async with asyncio.timeout(5):
+                    await pool.wait_closed()
+            except Exception:  # noqa: BLE001 - closing: what is still borrowed is cut
+                pool.terminate()
 
     def lock_name(self, purpose: str, *, per_table: bool = True) -> str:
         """A server-wide ``GET_LOCK`` name for this outbox (or, without ``per_table``, for every
@@ -223,34 +236,36 @@ class MysqlDatabase(PooledDatabase[asyncmy.Pool, Conn]):
             yield conn
 
     @contextlib.asynccontextmanager
-    async def unbounded_connection(self) -> AsyncIterator[Conn]:
-        """A connection whose statements have no command timeout, for schema migrations (an
-        index built on a live table may take long): one of its own, outside the pool, when the
-        store created its pool with a timeout; a borrowed pool's otherwise."""
-        if self._options is None or self._options["read_timeout"] is None:
-            async with self.connection() as conn:
+    async def connection(self) -> AsyncIterator[Conn]:
+        """A pooled connection in autocommit; the statements run on it through this module's
+        helpers are bounded by the command timeout."""
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
+        outer = _COMMAND_TIMEOUT.get()  # (set back, not reset: a generator holding the
+        _COMMAND_TIMEOUT.set(self.command_timeout)  # connection may be closed in another context)
+        try:
+            async with super().connection() as conn:
+                if task is not None and task.cancelling() > cancels:
+                    # asyncmy opens a connection under asyncio.wait_for, which on Python 3.11
+                    # returns it and drops a cancellation that arrived meanwhile (gh-86296).
+                    raise CancelledError
                 yield conn
-            return
-        options = {**self._options, "read_timeout": None}
-        with self.translated_errors():
-            try:
-                # (the greeting too, which asyncmy's connect_timeout does not bound: see open)
-                conn = await asyncio.wait_for(
-                    asyncmy.connect(**options), options["connect_timeout"]
-                )
-            except TimeoutError:
-                raise self._no_greeting() from None
-            try:
-                yield conn
-            finally:
-                conn.close()
+        finally:
+            _COMMAND_TIMEOUT.set(outer)
 
-    def _no_greeting(self) -> StoreUnavailable:
-        assert self._options is not None
-        where = f"{self._options['host']}:{self._options['port']}"
+    @contextlib.asynccontextmanager
+    async def unbounded_connection(self) -> AsyncIterator[Conn]:
+        """A pooled connection whose statements have no command timeout, for schema migrations
+        (an index built on a live table may take long)."""
+        async with self.connection() as conn:
+            _COMMAND_TIMEOUT.set(None)
+            yield conn
+
+    def no_answer(self, *, statement: bool) -> StoreError | None:
+        if not statement or self.command_timeout is None:
+            return None
         return StoreUnavailable(
-            f"MySQL unavailable: no answer from {where} within "
-            f"{self._options['connect_timeout']:g} s (connect_timeout)"
+            f"MySQL unavailable: no answer within {self.command_timeout:g} s (command_timeout)"
         )
 
     @contextlib.contextmanager
@@ -264,13 +279,6 @@ class MysqlDatabase(PooledDatabase[asyncmy.Pool, Conn]):
                 # asyncmy closes a connection whose statement was cancelled, and a cleanup
                 # statement on it then fails: the cancellation is what happened.
                 raise CancelledError from exc
-            if error_code(exc) == _SERVER_LOST and "(read timeout)" in str(exc) and self._options:
-                # asyncmy's read timeout (our command_timeout) ran out; it closed the
-                # connection, which the pool then discards.
-                raise StoreUnavailable(
-                    f"MySQL unavailable: no answer within {self._options['read_timeout']:g} s "
-                    "(command_timeout)"
-                ) from exc
             error = translate(exc, self.names)
             if error is None:
                 raise
@@ -308,7 +316,7 @@ async def transaction_on(conn: Conn, begin: str = "START TRANSACTION") -> AsyncI
 
 async def execute(conn: Conn, sql: str, args: Mapping[str, Any] | None = None) -> int:
     """Run one statement; return the rows it changed."""
-    async with conn.cursor() as cur:
+    async with asyncio.timeout(_COMMAND_TIMEOUT.get()), conn.cursor() as cur:
         return int(await cur.execute(sql, args))
 
 
@@ -316,7 +324,7 @@ async def fetch_all(
     conn: Conn, sql: str, args: Mapping[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """Rows of the last result of ``sql`` (which may be several statements) as dicts."""
-    async with conn.cursor(DictCursor) as cur:
+    async with asyncio.timeout(_COMMAND_TIMEOUT.get()), conn.cursor(DictCursor) as cur:
         await cur.execute(sql, args)
         rows = list(await cur.fetchall())
         while await cur.nextset():
@@ -332,7 +340,7 @@ async def fetch_one(
 
 
 async def fetch_value(conn: Conn, sql: str, args: Mapping[str, Any] | None = None) -> Any:
-    async with conn.cursor() as cur:
+    async with asyncio.timeout(_COMMAND_TIMEOUT.get()), conn.cursor() as cur:
         await cur.execute(sql, args)
         row = await cur.fetchone()
         return row[0] if row else None

@@ -303,7 +303,8 @@ class PostgresDatabase(PooledDatabase[asyncpg.Pool, Conn]):
     async def close(self) -> None:
         if self._owns_pool and self._pool is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._pool.close(), 5)
+                async with asyncio.timeout(5):
+                    await self._pool.close()
             self._pool = None
 
     @contextlib.asynccontextmanager
