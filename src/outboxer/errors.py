@@ -8,6 +8,7 @@ a driver to handle a failure.
 
     OutboxerError
     ├── ConfigurationError         invalid settings, URL or identifier; nothing was changed
+    │   └── PermissionDenied       the database role lacks a privilege: retrying cannot help
     ├── StoreError
     │   ├── StoreUnavailable       the database cannot be reached right now (retry later)
     │   └── SchemaError            the outbox tables are missing or at an unknown version
@@ -32,6 +33,7 @@ __all__ = [
     "HandlerEndedTransaction",
     "NotFound",
     "OutboxerError",
+    "PermissionDenied",
     "PermanentHandlerError",
     "PermanentPublishError",
     "PublishError",
@@ -50,6 +52,12 @@ class OutboxerError(Exception):
 
 class ConfigurationError(OutboxerError, ValueError):
     """Settings, a URL or an identifier are invalid. Raised before anything is changed."""
+
+
+class PermissionDenied(ConfigurationError):
+    """The database refused a statement: its role lacks a privilege on the outbox's tables
+    (docs/operations.md names those each command needs). Not a ``StoreError``, which the relay
+    and the consumers wait out as an outage: they stop with it (the CLI exits 2, one line)."""
 
 
 class StoreError(OutboxerError):

@@ -8,9 +8,7 @@ The hangs are short: the server's transaction behind a paused proxy stays open m
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,10 +19,6 @@ from outboxer.stores import open_store
 from outboxer.stores.mysql.connection import MysqlDatabase, fetch_value
 from outboxer.stores.postgres.connection import PostgresDatabase
 from tests.tcp_proxy import TcpProxy
-
-ROOT = Path(__file__).resolve().parents[2]
-OUTBOXER = str(Path(sys.executable).parent / "outboxer")
-INPROCESS = "inprocess://tests.acceptance.handlers:registry"
 
 
 @pytest.fixture(params=["postgres", "mariadb"])

@@ -58,6 +58,7 @@ from outboxer.errors import (
     ConfigurationError,
     NotFound,
     OutboxerError,
+    PermissionDenied,
     SchemaError,
     StoreError,
 )
@@ -147,6 +148,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def bad_request(_: Request, exc: Exception) -> JSONResponse:
         return _problem(400, str(exc))
 
+    async def permission_denied(_: Request, exc: Exception) -> JSONResponse:
+        # Not the client's input (a 400) but the server's database role: the reason says which.
+        return _problem(500, str(exc))
+
     async def schema_error(_: Request, exc: Exception) -> JSONResponse:
         return _problem(503, str(exc))
 
@@ -162,6 +167,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(NotFound, not_found)
     app.add_exception_handler(ConfigurationError, bad_request)
+    app.add_exception_handler(PermissionDenied, permission_denied)
     app.add_exception_handler(SchemaError, schema_error)
     app.add_exception_handler(StoreError, store_error)
     app.add_exception_handler(OutboxerError, other_error)

@@ -54,6 +54,7 @@ from outboxer.errors import (
     HandlerEndedTransaction,
     OutboxerError,
     PermanentPublishError,
+    PermissionDenied,
     StoreError,
 )
 from outboxer.inbox.consume import consume, redrive_consume_failures
@@ -540,7 +541,8 @@ class Inbox:
         again while something was re-driven (messages waiting behind a key that just got
         unblocked are due at once, so a backlog drains without waiting a round each).
         Outages and other errors are logged and the loop goes on; it ends only with a
-        :class:`~outboxer.errors.HandlerEndedTransaction`, which retrying would repeat."""
+        :class:`~outboxer.errors.HandlerEndedTransaction` or a
+        :class:`~outboxer.errors.PermissionDenied`, which retrying would repeat."""
         errors = 0  # unexpected ones in a row
         while True:
             try:
@@ -549,10 +551,10 @@ class Inbox:
             except StoreError as exc:
                 log.warning("re-drive of failed consumptions failed: %s", exc)
                 outcomes = []
-            except HandlerEndedTransaction:
+            except (HandlerEndedTransaction, PermissionDenied):
                 # A bug in a handler that every retry would repeat (and with it whatever the
-                # handler committed): the consumer stops with it (see run_consumer). The
-                # failure stays, re-driven after the restart.
+                # handler committed), or a role without a privilege: the consumer stops with
+                # it (see run_consumer). The failure stays, re-driven after the restart.
                 raise
             except Exception:
                 # Not an outage: a bug, a handler that broke its connection. Ending the loop
@@ -589,8 +591,8 @@ class Inbox:
                 )
                 if report is not None:
                     log.info("sweep done: %s", report.to_json())
-            except StoreError as exc:
-                log.warning("sweep failed: %s", exc)
+            except (StoreError, PermissionDenied) as exc:  # (the sweep's privileges: docs/
+                log.warning("sweep failed: %s", exc)  # operations.md; consuming goes on)
             except Exception:  # not an outage; ending the loop would stop sweeping silently
                 log.exception(
                     "sweep failed unexpectedly; offered again in %.0f s",

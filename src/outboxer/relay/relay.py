@@ -57,6 +57,7 @@ from outboxer.config import RelaySettings
 from outboxer.errors import (
     BrokerUnavailable,
     PermanentPublishError,
+    PermissionDenied,
     PublishError,
     RelayFailed,
     StoreError,
@@ -248,7 +249,7 @@ class Relay:
         self._store_failures = 0
         self._background: dict[str, asyncio.Task[None]] = {}
         self._task_deaths: dict[str, int] = {}
-        self._fatal: RelayFailed | None = None
+        self._fatal: RelayFailed | PermissionDenied | None = None
 
     # -- public ------------------------------------------------------------------------------
 
@@ -339,9 +340,15 @@ class Relay:
     ) -> None:
         if self._background.get(name) is task:
             del self._background[name]
-        if task.cancelled() or self._stop.is_set():
+        if task.cancelled():
             return  # the relay is stopping: it cancelled the task
         error: BaseException = task.exception() or RuntimeError("the task returned")
+        if self._stop.is_set():
+            return
+        if isinstance(error, PermissionDenied):  # restarting cannot cure it
+            self._fatal = error
+            self.stop()
+            return
         deaths = self._task_deaths[name] = self._task_deaths.get(name, 0) + 1
         if deaths > self.settings.max_task_restarts:
             log.critical(
@@ -478,8 +485,14 @@ class Relay:
         self._in_flight.discard(task)
         self._window.release()
         self.observer.in_flight(len(self._in_flight))
-        if not task.cancelled() and task.exception() is not None:
-            log.error("delivery task failed", exc_info=task.exception())
+        error = None if task.cancelled() else task.exception()
+        if isinstance(error, PermissionDenied):
+            # The settle was refused, and would be again: publishing on would only repeat
+            # these messages each time their lease expires.
+            self._fatal = error
+            self.stop()
+        elif error is not None:
+            log.error("delivery task failed", exc_info=error)
 
     @staticmethod
     def _now() -> float:

@@ -19,7 +19,8 @@ no connection: 2002, 2003, 2006, 2013, 1040, 1053, 1927;   ``StoreUnavailable``
 deadlock victim 1213, lock wait timeout 1205               ``StoreUnavailable`` (InnoDB
                                                            rolled back: try again)
 unknown table 1146, unknown column 1054                    ``SchemaError``
-access denied 1044, 1045; unknown database 1049            ``ConfigurationError``
+no privilege: 1044, 1142, 1143, 1227                       ``PermissionDenied``
+wrong password 1045; unknown database 1049                 ``ConfigurationError``
 a value the column refuses: 1366, 1406, 1264, 3140         ``ConfigurationError``
 anything else                                              ``StoreError``
 =========================================================  =========================
@@ -45,7 +46,13 @@ from asyncmy import errors as mysql_errors
 from asyncmy.cursors import DictCursor
 
 from outboxer.config import TableNames
-from outboxer.errors import ConfigurationError, SchemaError, StoreError, StoreUnavailable
+from outboxer.errors import (
+    ConfigurationError,
+    PermissionDenied,
+    SchemaError,
+    StoreError,
+    StoreUnavailable,
+)
 from outboxer.stores._common import PooledDatabase
 from outboxer.urls import COMMAND_TIMEOUT, CONNECT_TIMEOUT, Option, ParsedUrl, UrlSpec, parse
 
@@ -94,7 +101,9 @@ _COMMAND_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 _UNAVAILABLE_CODES = frozenset({1040, 1053, 1927, 2002, 2003, 2006, 2013, 2055})
 _LOCK_CODES = frozenset({1205, 1213})
 _SCHEMA_CODES = frozenset({1146, 1054})
-_CONFIG_CODES = frozenset({1044, 1045, 1049})
+_CONFIG_CODES = frozenset({1045, 1049})
+#: access denied to a database, a table, a column; a privilege such as RELOAD missing
+_PRIVILEGE_CODES = frozenset({1044, 1142, 1143, 1227})
 _VALUE_CODES = frozenset({1264, 1366, 1406, 3140})
 
 
@@ -131,6 +140,10 @@ def translate(exc: BaseException, names: TableNames) -> Exception | None:
         return SchemaError(
             f"outbox table {names.qualified(quote='`')} is missing or outdated ({exc}): "
             "run 'outboxer db upgrade'"
+        )
+    if code in _PRIVILEGE_CODES:
+        return PermissionDenied(
+            f"MySQL: {exc} (docs/operations.md, 'Privileges', lists what is needed)"
         )
     if code in _CONFIG_CODES:
         return ConfigurationError(f"MySQL: {exc}")

@@ -9,6 +9,7 @@ asyncpg / OS error                                     outboxer error
 =====================================================  ======================================
 ``UndefinedTableError``, ``InvalidSchemaNameError``    ``SchemaError`` (run ``db upgrade``)
 ``DataError``, ``CharacterNotInRepertoireError``       ``ConfigurationError`` (the input)
+``InsufficientPrivilegeError``                         ``PermissionDenied``
 connection lost / refused, timeouts (``_UNAVAILABLE``)  ``StoreUnavailable`` (retry later)
 any other ``PostgresError``                            ``StoreError``
 =====================================================  ======================================
@@ -30,7 +31,13 @@ from asyncpg.pool import PoolConnectionProxy
 
 from outboxer import urls
 from outboxer.config import TableNames
-from outboxer.errors import ConfigurationError, SchemaError, StoreError, StoreUnavailable
+from outboxer.errors import (
+    ConfigurationError,
+    PermissionDenied,
+    SchemaError,
+    StoreError,
+    StoreUnavailable,
+)
 from outboxer.stores._common import PooledDatabase
 
 __all__ = [
@@ -357,6 +364,10 @@ class PostgresDatabase(PooledDatabase[asyncpg.Pool, Conn]):
             ) from exc
         except asyncpg.InvalidSchemaNameError as exc:
             raise SchemaError(f"{exc}: run 'outboxer db upgrade'") from exc
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise PermissionDenied(
+                f"PostgreSQL: {exc} (docs/operations.md, 'Privileges', lists what is needed)"
+            ) from exc
         except (asyncpg.DataError, asyncpg.CharacterNotInRepertoireError) as exc:
             # A value PostgreSQL cannot store (NUL in text, an out-of-range number): the
             # caller's input, not the database, is at fault.
