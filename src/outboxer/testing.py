@@ -303,6 +303,9 @@ class InMemoryStore:
                 del self._dead[k]
                 purged += 1
 
+        gone = now - dt.timedelta(days=1)  # relays silent for a day, as the SQL stores
+        self._relays = {k: r for k, r in self._relays.items() if r.heartbeat_at >= gone}
+
         def failures(direction: str) -> int:
             return sum(
                 d.direction == direction and d.dead_lettered_at >= since

@@ -43,6 +43,7 @@ class MysqlSweeper(MysqlPart, Sweeping):
                 await execute(conn, "START TRANSACTION")
                 purge = {"retention_us": micros(retention_seconds), "batch": batch_size}
                 purged = await execute(conn, self.q["sweep_purge"], purge)
+                await execute(conn, self.q["sweep_forget_relays"])
                 record = {"started_at": started, "sweeper": sweeper, "purged": purged}
                 await execute(conn, self.q["sweep_record"], record)
                 row = await fetch_one(conn, self.q["last_sweep"])

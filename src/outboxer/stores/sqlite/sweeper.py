@@ -29,6 +29,7 @@ class SqliteSweeper(SqlitePart, Sweeping):
                 started = (await cur.fetchone() or [0.0])[0]
             purge = {"retention": retention_seconds, "batch": batch_size}
             purged = (await conn.execute(self.q["sweep_purge"], purge)).rowcount
+            await conn.execute(self.q["sweep_forget_relays"])
             params = {"purged": purged, "sweeper": sweeper, "started": started}
             async with conn.execute(self.q["sweep"], params) as cur:
                 return await cur.fetchone()

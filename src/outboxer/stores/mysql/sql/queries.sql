@@ -210,6 +210,10 @@ WHERE %(retention_us)s > 0
 ORDER BY dead_lettered_at
 LIMIT %(batch)s
 
+-- name: sweep_forget_relays
+-- Relays silent for a day (killed, their host gone): their rows would only pile up.
+DELETE FROM {relays} WHERE heartbeat_at < UTC_TIMESTAMP(6) - INTERVAL 1 DAY
+
 -- name: sweep_record
 -- What happened since the previous sweep: the failures counted from the dead letters written
 -- since its start, the re-drives from the counters the relays and consumers keep.

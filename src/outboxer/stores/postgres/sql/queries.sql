@@ -332,6 +332,9 @@ WITH purged AS (
         WHERE $2::float8 > 0 AND dead_lettered_at < now() - make_interval(secs => $2)
         ORDER BY dead_lettered_at LIMIT $3)
     RETURNING 1
+), gone AS (
+    -- relays silent for a day (killed, their host gone): their rows would only pile up
+    DELETE FROM {relays} WHERE heartbeat_at < now() - interval '1 day'
 ), previous AS (
     SELECT COALESCE(started_at, '-infinity'::timestamptz) AS since
     FROM {sweeps} WHERE name = 'default'

@@ -142,6 +142,10 @@ DELETE FROM {dead_letters} WHERE dl_seq IN (
     WHERE :retention > 0 AND dead_lettered_at < (julianday('now') - 2440587.5) * 86400.0 - :retention
     ORDER BY dead_lettered_at LIMIT :batch)
 
+-- name: sweep_forget_relays
+-- Relays silent for a day (killed, their host gone): their rows would only pile up.
+DELETE FROM {relays} WHERE heartbeat_at < (julianday('now') - 2440587.5) * 86400.0 - 86400
+
 -- name: sweep
 UPDATE {sweeps}
 -- released_since_sweep counts expired leases and the relays' retries (settle): the
