@@ -105,7 +105,7 @@ names_options = stack(
         help="Outbox table name; the other tables are named after it.",
     ),
 )
-database_url_help = "postgresql://user@host/db or sqlite:///path.db"
+database_url_help = "postgresql://user@host/db, mysql://user@host/db or sqlite:///path.db"
 database_options = stack(
     env_option("--database-url", required=True, callback=stored_text, help=database_url_help),
     names_options,
