@@ -45,7 +45,6 @@ __all__ = [
     "DeadLetterStore",
     "DatabaseStore",
     "FailurePolicy",
-    "existing_dead_letter_ids",
     "failure_reason",
     "keeps_key_order",
     "log_last_sweep",
@@ -501,6 +500,11 @@ class DeadLetterStore(Protocol):
         """One dead letter; raises ``NotFound``."""
         ...
 
+    async def known_dead_letter_ids(self, ids: Sequence[str]) -> set[str]:
+        """Those of ``ids`` that name a dead letter (the check before a replay or purge by
+        ids): ids only, whatever the payloads' size."""
+        ...
+
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         """Move matching dead letters back to the outbox (same id, attempts reset)."""
         ...
@@ -594,28 +598,6 @@ class MessageReader(Protocol):
 @runtime_checkable
 class AdminStore(StatsStore, DeadLetterStore, MessageReader, Protocol):
     """What the admin API and the operator commands of the CLI use."""
-
-
-async def existing_dead_letter_ids(store: DeadLetterStore, ids: Sequence[str]) -> set[str]:
-    """Those of ``ids`` that name a dead letter (the check before a replay or purge by ids).
-
-    A page of ``len(ids)`` may end short of them when their payloads are large
-    (:data:`PAGE_PAYLOAD_BYTES`), so every page is followed to its end.
-    """
-    wanted = list(dict.fromkeys(ids))
-    found: set[str] = set()
-    for start in range(0, len(wanted), 1000):  # the largest page a store lists
-        chunk = wanted[start : start + 1000]
-        cursor: str | None = None
-        while True:
-            page = await store.list_dead_letters(
-                DeadLetterFilter(ids=chunk), limit=len(chunk), cursor=cursor
-            )
-            found.update(d.id for d in page.items)
-            cursor = page.next_cursor
-            if cursor is None:
-                break
-    return found
 
 
 @runtime_checkable

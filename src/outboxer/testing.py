@@ -382,6 +382,9 @@ class InMemoryStore:
         next_cursor = str(page[-1][0]) if len(found) > len(page) else None
         return DeadLetterPage([d for _, d in page], next_cursor)
 
+    async def known_dead_letter_ids(self, ids: Sequence[str]) -> set[str]:
+        return {i for i in ids if i in self._dead}
+
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter:
         try:
             return self._dead[dead_letter_id][1]

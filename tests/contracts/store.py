@@ -362,6 +362,17 @@ class StoreContract:
         )
         assert (await store.stats()).dead_letters == 0
 
+    async def test_known_dead_letter_ids_are_those_that_name_one(
+        self, store: Store, add: Add
+    ) -> None:
+        ids = await self._dead_letters(store, add, 3)
+        pending = await add("t", {"n": 9})  # in the outbox, not a dead letter
+        asked = [ids[0], "nope", ids[2], ids[0], pending, "", "é'\\%s"]
+        assert await store.known_dead_letter_ids(asked) == {ids[0], ids[2]}
+        assert await store.known_dead_letter_ids([]) == set()
+        many = [f"x{n}" for n in range(2500)] + [ids[1]]  # more than one query's worth
+        assert await store.known_dead_letter_ids(many) == {ids[1]}
+
     async def test_purge_deletes(self, store: Store, add: Add) -> None:
         ids = await self._dead_letters(store, add, 3)
         assert await store.purge_dead_letters(DeadLetterFilter(ids=[ids[0], "nope"])) == [ids[0]]

@@ -72,7 +72,6 @@ from outboxer.ports import (
     MessageState,
     OutboxMessage,
     OutboxStats,
-    existing_dead_letter_ids,
 )
 from outboxer.urls import redact
 
@@ -596,7 +595,7 @@ async def _bulk_filter(store: AdminStore, body: DeadLetterFilterBody) -> DeadLet
         return DeadLetterFilter(topic=body.topic, type=body.type, key=body.key)
     ids = list(dict.fromkeys(body.ids))
     flt = DeadLetterFilter(ids=ids)
-    missing = sorted(set(ids) - await existing_dead_letter_ids(store, ids))
+    missing = sorted(set(ids) - await store.known_dead_letter_ids(ids))
     if missing:
         raise NotFound(f"no dead letter with id {', '.join(repr(i) for i in missing[:10])}")
     return flt

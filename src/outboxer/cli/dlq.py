@@ -27,7 +27,7 @@ from outboxer.cli.options import (
     stored_text,
 )
 from outboxer.errors import OutboxerError
-from outboxer.ports import AdminStore, DeadLetter, DeadLetterFilter, existing_dead_letter_ids
+from outboxer.ports import AdminStore, DeadLetter, DeadLetterFilter
 
 
 @click.group()
@@ -93,7 +93,7 @@ def _bulk(
         if flt.ids is not None:
             # As the API: an unknown id is refused before anything is done, so a typo in one
             # id never leaves the others replayed or purged and the command exiting 1.
-            known = await existing_dead_letter_ids(store, flt.ids)
+            known = await store.known_dead_letter_ids(flt.ids)
             unknown = [i for i in dict.fromkeys(flt.ids) if i not in known]
             if unknown:
                 return [], set(), unknown
@@ -105,7 +105,7 @@ def _bulk(
         if not missing or verb != "replayed":
             return done, set(), missing
         # A replay skips a dead letter whose id is in the outbox again: it still exists.
-        skipped = await existing_dead_letter_ids(store, missing)
+        skipped = await store.known_dead_letter_ids(missing)
         return done, skipped, [i for i in missing if i not in skipped]
 
     done, skipped, missing = with_store(run, database_url, names)

@@ -335,8 +335,19 @@ class DeadLetterViews:
         dialect's ``list_dead_letters`` query, see :func:`page_rows`)."""
         raise NotImplementedError
 
+    async def _known_ids(self, ids: Sequence[str]) -> list[str]:
+        """Those of ``ids`` (at most 1,000) in the dead-letter table."""
+        raise NotImplementedError
+
     async def stats(self, *, live_seconds: float = 15.0) -> OutboxStats:
         return outbox_stats(*await self._stats_rows(live_seconds))
+
+    async def known_dead_letter_ids(self, ids: Sequence[str]) -> set[str]:
+        wanted = list(dict.fromkeys(ids))
+        found: set[str] = set()
+        for start in range(0, len(wanted), 1000):
+            found.update(await self._known_ids(wanted[start : start + 1000]))
+        return found
 
     async def list_dead_letters(
         self, flt: DeadLetterFilter, *, limit: int, cursor: str | None

@@ -72,6 +72,11 @@ class MysqlDeadLetters(MysqlPart, DeadLetterViews):
             rows = await fetch_all(conn, self.q["list_dead_letters"], args)
         return [text_row(r) for r in rows]
 
+    async def _known_ids(self, ids: Sequence[str]) -> list[str]:
+        async with self.db.connection() as conn:
+            rows = await fetch_all(conn, self.q["known_dead_letter_ids"], {"ids": tuple(ids)})
+        return [text_row(r)["id"] for r in rows]
+
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         """Publish dead letters go back to the outbox; consume dead letters are re-driven to
         the consumers that gave up on them (see docs/inbox.md)."""

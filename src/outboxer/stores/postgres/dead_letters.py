@@ -43,6 +43,10 @@ class PostgresDeadLetters(PostgresPart, DeadLetterViews):
                 )
             )
 
+    async def _known_ids(self, ids: Sequence[str]) -> list[str]:
+        async with self.db.connection() as conn:
+            return [r["id"] for r in await conn.fetch(self.q["known_dead_letter_ids"], ids)]
+
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         # Consume dead letters are re-driven to their consumer instead (see docs/inbox.md); both
         # kinds in one transaction, so a replay is all or nothing.

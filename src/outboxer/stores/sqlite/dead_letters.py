@@ -48,6 +48,13 @@ class SqliteDeadLetters(SqlitePart, DeadLetterViews):
         ):
             return list(await cur.fetchall())
 
+    async def _known_ids(self, ids: Sequence[str]) -> list[str]:
+        async with (
+            self.db.connection() as conn,
+            conn.execute(self.q["known_dead_letter_ids"], {"ids": json.dumps(ids)}) as cur,
+        ):
+            return [r["id"] for r in await cur.fetchall()]
+
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         params = _filter_params(flt)
         async with self.db.transaction() as conn:

@@ -218,6 +218,9 @@ AND (:type IS NULL OR type = :type)
 AND (:key IS NULL OR key = :key)
 AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
 
+-- name: known_dead_letter_ids
+SELECT id FROM {dead_letters} WHERE id IN (SELECT value FROM json_each(:ids))
+
 -- name: list_dead_letters
 -- See the PostgreSQL query of the same name: the walk with its LIMIT reads only the payloads'
 -- sizes, the page ends early once the payloads before a row reach :budget bytes, only the
