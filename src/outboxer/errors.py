@@ -57,7 +57,14 @@ class ConfigurationError(OutboxerError, ValueError):
 class PermissionDenied(ConfigurationError):
     """The database refused a statement: its role lacks a privilege on the outbox's tables
     (docs/operations.md names those each command needs). Not a ``StoreError``, which the relay
-    and the consumers wait out as an outage: they stop with it (the CLI exits 2, one line)."""
+    and the consumers wait out as an outage: they stop with it (the CLI exits 2, one line).
+
+    Args:
+        refusal: The database's words; the message adds where the needed privileges are listed.
+    """
+
+    def __init__(self, refusal: str) -> None:
+        super().__init__(f"{refusal} (docs/operations.md, 'Privileges', lists what is needed)")
 
 
 class StoreError(OutboxerError):

@@ -147,8 +147,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def bad_request(_: Request, exc: Exception) -> JSONResponse:
         return _problem(400, str(exc))
 
-    async def permission_denied(_: Request, exc: Exception) -> JSONResponse:
+    async def permission_denied(request: Request, exc: Exception) -> JSONResponse:
         # Not the client's input (a 400) but the server's database role: the reason says which.
+        log.error("%s %s refused by the database: %s", request.method, request.url.path, exc)
         return _problem(500, str(exc))
 
     async def schema_error(_: Request, exc: Exception) -> JSONResponse:

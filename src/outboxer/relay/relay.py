@@ -249,7 +249,7 @@ class Relay:
         self._store_failures = 0
         self._background: dict[str, asyncio.Task[None]] = {}
         self._task_deaths: dict[str, int] = {}
-        self._fatal: RelayFailed | PermissionDenied | None = None
+        self._fatal: RelayFailed | PermissionDenied | None = None  # (the first wins)
 
     # -- public ------------------------------------------------------------------------------
 
@@ -346,8 +346,7 @@ class Relay:
         if self._stop.is_set():
             return
         if isinstance(error, PermissionDenied):  # restarting cannot cure it
-            self._fatal = error
-            self.stop()
+            self._stop_with(error)
             return
         deaths = self._task_deaths[name] = self._task_deaths.get(name, 0) + 1
         if deaths > self.settings.max_task_restarts:
@@ -357,11 +356,11 @@ class Relay:
                 deaths,
                 exc_info=error,
             )
-            self._fatal = RelayFailed(
+            failed = RelayFailed(
                 f"background task {name} died {deaths} times in a row: {_reason(error)}"
             )
-            self._fatal.__cause__ = error
-            self.stop()
+            failed.__cause__ = error
+            self._stop_with(failed)
             return
         delay = self.settings.retry.delay(deaths)
         log.error(
@@ -372,6 +371,11 @@ class Relay:
             exc_info=error,
         )
         asyncio.get_running_loop().call_later(delay, self._supervise, name, loop)
+
+    def _stop_with(self, error: RelayFailed | PermissionDenied) -> None:
+        """Stop the relay; ``run``/``drain`` then raise ``error`` (the first such error)."""
+        self._fatal = self._fatal or error
+        self.stop()
 
     def _task_healthy(self, name: str) -> None:
         """A background loop completed a round: its deaths are no longer "in a row"."""
@@ -489,8 +493,7 @@ class Relay:
         if isinstance(error, PermissionDenied):
             # The settle was refused, and would be again: publishing on would only repeat
             # these messages each time their lease expires.
-            self._fatal = error
-            self.stop()
+            self._stop_with(error)
         elif error is not None:
             log.error("delivery task failed", exc_info=error)
 

@@ -142,9 +142,7 @@ def translate(exc: BaseException, names: TableNames) -> Exception | None:
             "run 'outboxer db upgrade'"
         )
     if code in _PRIVILEGE_CODES:
-        return PermissionDenied(
-            f"MySQL: {exc} (docs/operations.md, 'Privileges', lists what is needed)"
-        )
+        return PermissionDenied(f"MySQL: {exc}")
     if code in _CONFIG_CODES:
         return ConfigurationError(f"MySQL: {exc}")
     if code in _VALUE_CODES:

@@ -365,9 +365,7 @@ class PostgresDatabase(PooledDatabase[asyncpg.Pool, Conn]):
         except asyncpg.InvalidSchemaNameError as exc:
             raise SchemaError(f"{exc}: run 'outboxer db upgrade'") from exc
         except asyncpg.InsufficientPrivilegeError as exc:
-            raise PermissionDenied(
-                f"PostgreSQL: {exc} (docs/operations.md, 'Privileges', lists what is needed)"
-            ) from exc
+            raise PermissionDenied(f"PostgreSQL: {exc}") from exc
         except (asyncpg.DataError, asyncpg.CharacterNotInRepertoireError) as exc:
             # A value PostgreSQL cannot store (NUL in text, an out-of-range number): the
             # caller's input, not the database, is at fault.
