@@ -1,7 +1,8 @@
 """Seeded simulation: thousands of fault schedules, each checked against the guarantees.
 
 Each seed builds one scenario (``tests/simulation/world.py``): relays, a store (in-memory or
-SQLite) and a broker on virtual time, with relay kills, freezes, store errors, lost settle
+SQLite) and a broker on virtual time, with relay kills, freezes, store errors, statements
+refused for a missing privilege (the relay stops; its supervisor restarts it), lost settle
 answers, broker outages, publisher bugs, slow calls, retryable failures, rejected messages,
 reused ids and delayed messages injected at random points. After the faults stop, the outbox
 must drain, and the model checks: nothing lost (every message delivered or, if it can never be

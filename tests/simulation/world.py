@@ -37,6 +37,7 @@ from outboxer.errors import (
     BrokerUnavailable,
     ConfigurationError,
     PermanentPublishError,
+    PermissionDenied,
     PublishError,
     RetryablePublishError,
     StoreUnavailable,
@@ -70,6 +71,7 @@ class Faults:
     slow_publish: float = 0.0
     kill_in_publish: float = 0.0
     retryable: float = 0.0
+    denied: float = 0.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -169,6 +171,11 @@ class FaultyStore(Injector):
                 self.tally["store error"] += 1
                 life.incident()
                 raise StoreUnavailable(f"injected: {name} refused")
+            if f.denied and rng.random() < f.denied:  # (no draw without it: old seeds replay)
+                # A grant revoked for a moment: the relay stops, its supervisor restarts it.
+                self.tally["statement refused: no privilege"] += 1
+                life.incident()
+                raise PermissionDenied(f"injected: {name} denied")
             if rng.random() < f.store_slow:
                 await self.slow_down("slow store call", 1.5 * self.lease)
             if rng.random() < f.kill_in_store:
@@ -369,6 +376,8 @@ class Scenario:
         # Drawn apart from the scenario's stream, so that the seeds of a waves broker replay
         # the schedules they had before this choice existed.
         self.keeps_key_order = random.Random(seed * 7919 + 17).random() < 0.5
+        denied = random.Random(seed * 104729 + 3)  # (apart too, for the same reason)
+        self.faults.denied = denied.random() * 0.02 if denied.random() < 0.25 else 0.0
         self.broker = Broker()
         self.written: list[Written] = []
         self.lives: list[Life] = []
@@ -517,6 +526,11 @@ class Scenario:
             ended.cancel()
             died.cancel()
             if run.done():
+                if isinstance(run.exception(), PermissionDenied):  # stopped, as it should
+                    if calm.is_set():
+                        return
+                    await asyncio.sleep(self.rng.uniform(0.0, 5.0))  # restarted, grant back
+                    continue
                 if run.exception() is not None:
                     self.relay_errors.append(
                         f"relay {settings.relay_id} failed: {run.exception()!r}"
@@ -533,7 +547,7 @@ class Scenario:
                 died.cancel()
                 if not run.done() and not life.dead:
                     self.relay_errors.append(f"relay {settings.relay_id} did not stop")
-                elif run.done() and run.exception() is not None:
+                elif run.done() and not isinstance(run.exception(), PermissionDenied | type(None)):
                     self.relay_errors.append(
                         f"relay {settings.relay_id} failed: {run.exception()!r}"
                     )
