@@ -54,6 +54,7 @@ from outboxer.stores._common import (
     envelope_of,
     message_not_found,
     parse_cursor,
+    unique,
     wait_for_doorbell,
 )
 
@@ -156,7 +157,8 @@ class InMemoryStore:
     def __init__(self, clock: Callable[[], dt.datetime] = _now) -> None:
         self._clock = clock
         self._rows: dict[str, _Row] = {}
-        self._dead: dict[str, tuple[int, DeadLetter]] = {}
+        #: By (id, direction): an id may have a publish and a consume dead letter.
+        self._dead: dict[tuple[str, str], tuple[int, DeadLetter]] = {}
         self._relays: dict[str, RelayInfo] = {}
         self._last_sweep: SweepReport | None = None
         self._publish_retries_since_sweep = 0
@@ -252,7 +254,7 @@ class InMemoryStore:
             m = row.message
             del self._rows[m.id]
             self._seq += 1
-            self._dead[m.id] = (
+            self._dead[(m.id, "publish")] = (
                 self._seq,
                 DeadLetter(
                     **envelope_of(m),
@@ -383,13 +385,14 @@ class InMemoryStore:
         return DeadLetterPage([d for _, d in page], next_cursor)
 
     async def known_dead_letter_ids(self, ids: Sequence[str]) -> set[str]:
-        return {i for i in ids if i in self._dead}
+        known = {i for i, _ in self._dead}
+        return {i for i in ids if i in known}
 
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter:
-        try:
-            return self._dead[dead_letter_id][1]
-        except KeyError:
-            raise NotFound(f"no dead letter with id {dead_letter_id!r}") from None
+        found = [v for (i, _), v in self._dead.items() if i == dead_letter_id]
+        if not found:
+            raise NotFound(f"no dead letter with id {dead_letter_id!r}")
+        return max(found, key=lambda v: v[0])[1]  # the newest of the id's two directions
 
     def _outbox_message(
         self, row: _Row, now: dt.datetime, dead_keys: set[str | None]
@@ -452,17 +455,17 @@ class InMemoryStore:
         for _, d in reversed(self._matching(flt)):
             if d.direction != "publish" or d.id in self._rows:
                 continue
-            del self._dead[d.id]
+            del self._dead[(d.id, d.direction)]
             self._add(Message(**envelope_of(d), available_at=self._clock()))
             replayed.append(d.id)
         # Consume dead letters are re-driven to their consumer instead (see docs/inbox.md).
-        return replayed + self._replay_consume_dead_letters(flt)
+        return unique(replayed + self._replay_consume_dead_letters(flt))
 
     async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
-        ids = [d.id for _, d in self._matching(flt)]
-        for i in ids:
-            del self._dead[i]
-        return ids
+        purged = [d for _, d in self._matching(flt)]
+        for d in purged:
+            del self._dead[(d.id, d.direction)]
+        return unique(d.id for d in purged)
 
     # -- inbox (consumers) ---------------------------------------------------------------------
 
@@ -473,21 +476,20 @@ class InMemoryStore:
         yield _InboxSession(self._inbox, self._dead_letter_consumed, self._clock)
 
     def _dead_letter_consumed(self, message: Message, attempts: int, reason: str) -> None:
-        existing = self._dead.get(message.id)
-        if existing is not None:
-            if existing[1].direction == "consume":  # a second consumer gave up on it too
-                self._dead[message.id] = (
-                    existing[0],
-                    replace(
-                        existing[1],
-                        failure_reason=reason,
-                        attempts=max(attempts, existing[1].attempts),
-                        dead_lettered_at=self._clock(),
-                    ),
-                )
+        existing = self._dead.get((message.id, "consume"))
+        if existing is not None:  # a second consumer gave up on it too
+            self._dead[(message.id, "consume")] = (
+                existing[0],
+                replace(
+                    existing[1],
+                    failure_reason=reason,
+                    attempts=max(attempts, existing[1].attempts),
+                    dead_lettered_at=self._clock(),
+                ),
+            )
             return
         self._seq += 1
-        self._dead[message.id] = (
+        self._dead[(message.id, "consume")] = (
             self._seq,
             DeadLetter(
                 **envelope_of(message),
@@ -503,7 +505,7 @@ class InMemoryStore:
         for _, d in reversed(self._matching(flt)):
             if d.direction != "consume":
                 continue
-            del self._dead[d.id]
+            del self._dead[(d.id, d.direction)]
             self._inbox.revive(d.id)
             replayed.append(d.id)
         return replayed
@@ -699,12 +701,12 @@ class _Inbox:
                 failure.last_error = f"replayed: {failure.last_error}"
                 self.rows[(failure.consumer, message_id)] = None
 
-    def purge(self, now: dt.datetime, dead: dict[str, tuple[int, DeadLetter]]) -> None:
+    def purge(self, now: dt.datetime, dead: dict[tuple[str, str], tuple[int, DeadLetter]]) -> None:
         for pair, expires in list(self.rows.items()):
             if expires is not None and expires < now:
                 del self.rows[pair]
         for pair, failure in list(self.failures.items()):
-            if failure.state == "dead" and failure.message.id not in dead:
+            if failure.state == "dead" and (failure.message.id, "consume") not in dead:
                 del self.failures[pair]
 
 

@@ -19,10 +19,13 @@ import pytest
 
 from outboxer import ports
 from outboxer.errors import ConfigurationError, NotFound
+from outboxer.inbox import consume, redrive_consume_failures
+from outboxer.message import Message
 from outboxer.ports import (
     AdminStore,
     Claim,
     ClaimRequest,
+    ConsumeFailure,
     DeadLetterFilter,
     DeadLetterStore,
     InboxStore,
@@ -545,6 +548,63 @@ class StoreContract:
         replaced = page.items[0]
         assert replaced.failure_reason == "failed again" and replaced.attempts == 1
         assert json.loads(replaced.payload) == {"n": "anew"}
+
+    async def test_a_publish_and_a_consume_dead_letter_of_one_id_are_both_kept(
+        self, store: Store, add: Add
+    ) -> None:
+        """A service that consumes what it publishes can fail on one id both ways (ids may be
+        reused; a publish whose acknowledgement was lost still reached the broker). Before,
+        the dead-letter table held one row per id: the second dead letter was dropped or
+        replaced the first, and a consume failure without its dead letter was forgotten by
+        the sweep, so no operator ever saw it or could replay it."""
+        [reused] = await self._dead_letters(store, add, 1)  # publish dead letter
+        received = Message(id=reused, topic="t", payload=b'{"n": "received"}', key="k0")
+        broken = {"yes": True}
+        handled: list[str] = []
+
+        async def handler(message: Message, connection: Any, attempt: int) -> None:
+            if broken["yes"]:
+                raise ValueError("cannot handle")
+            handled.append(message.id)
+
+        def judge(message: Message, attempts: int, error: Exception) -> ConsumeFailure:
+            return ConsumeFailure(f"gave up: {error}", None)
+
+        options: dict[str, Any] = {"on_failure": judge, "retention_seconds": 60}
+        assert await consume(store, "c", [received], handler, **options) == ["dead"]
+        page = await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)
+        assert [(d.id, d.direction) for d in page.items] == [
+            (reused, "consume"),
+            (reused, "publish"),
+        ]
+        assert (await store.stats()).dead_letters == 2
+        assert (await store.get_dead_letter(reused)).direction == "consume"  # the newest
+        assert await store.known_dead_letter_ids([reused, "nope"]) == {reused}
+        # The id is written anew and fails again: it replaces the publish dead letter only.
+        await add("t", {"n": "anew"}, id=reused)
+        c = await claim(store)
+        await store.settle(c, Settlement(dead=[(reused, "failed again")]))
+        page = await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)
+        assert [(d.id, d.direction, d.failure_reason) for d in page.items] == [
+            (reused, "publish", "failed again"),
+            (reused, "consume", "gave up: cannot handle"),
+        ]
+        assert (await store.get_dead_letter(reused)).direction == "publish"
+        # The sweep keeps the consume failure: its dead letter is there.
+        await store.sweep(sweeper="s", interval=0, retention_seconds=0, batch_size=50)
+        # Replaying the id replays both, each its own way.
+        broken["yes"] = False
+        assert await store.replay_dead_letters(DeadLetterFilter(ids=[reused])) == [reused]
+        assert (
+            await store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)
+        ).items == []
+        c = await claim(store)
+        assert [m.id for m in c.messages] == [reused]  # published again
+        assert json.loads(c.messages[0].payload) == {"n": "anew"}
+        assert await redrive_consume_failures(store, "c", handler, limit=10, **options) == [
+            "handled"
+        ]
+        assert handled == [reused]
 
     async def test_a_dead_lettered_key_can_be_held_until_an_operator_acts(
         self, store: Store, add: Add

@@ -123,7 +123,7 @@ async def test_the_upgrade_to_6_drops_the_doorbell_on_a_live_outbox_and_loses_no
             await asyncio.sleep(0.3)
             assert not upgrade.done()  # DROP TRIGGER waits for the writer's lock on the table
             await open_transaction.commit()
-            assert await asyncio.wait_for(upgrade, 10) == [6, 7]
+            assert await asyncio.wait_for(upgrade, 10) == [6, 7, 8]
             async with writer.transaction():
                 after = await outbox.enqueue_async(writer, "t", {"n": 3}, key="K")
             left = await store.execute(

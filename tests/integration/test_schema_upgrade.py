@@ -1,15 +1,19 @@
 """Schema upgrades under the faults found by trying: concurrent upgrades into one new schema, a
-schema newer than the package, and a mistyped SQLite path."""
+schema newer than the package, a mistyped SQLite path; and upgrades that rebuild what holds data."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from outboxer.config import TableNames
 from outboxer.errors import SchemaError
+from outboxer.inbox import consume
+from outboxer.message import Message
+from outboxer.ports import ConsumeFailure, DeadLetterFilter
 from outboxer.stores import _sql
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
@@ -132,3 +136,51 @@ async def test_a_store_opened_before_the_upgrade_sees_the_new_database(tmp_path:
         async with SqliteStore(path) as upgrader:
             await upgrader.migrate()
         await relay_side.check_schema()
+
+
+async def test_the_upgrade_to_8_keeps_every_dead_letter_and_lets_an_id_fail_both_ways(
+    pg_url: str, pg_schema: str, mysql_url: str, mysql_database: str, tmp_path: Path
+) -> None:
+    """Version 8 makes the dead letters unique by (id, direction) (SQLite rebuilds the table):
+    the dead letters of version 7 stay as they were, in the same order, and the next one is
+    numbered after every number used before (list cursors go on), also after the newest was
+    purged; then an id with a publish dead letter can get a consume dead letter too."""
+
+    async def failing(message: Message, connection: Any, attempt: int) -> None:
+        raise ValueError("cannot handle")
+
+    def judge(message: Message, attempts: int, error: Exception) -> ConsumeFailure:
+        return ConsumeFailure(f"gave up: {error}", None)
+
+    stores = [
+        (PostgresStore(pg_url, TableNames(schema=pg_schema)), "'x'", "now()"),
+        (SqliteStore(tmp_path / "v7.db"), "X'78'", "1.0e9"),
+        (MysqlStore(mysql_url, TableNames(schema=mysql_database)), "'x'", "UTC_TIMESTAMP(6)"),
+    ]
+    for store, x, now in stores:
+        async with store:
+            assert await store.migrate(target=7) == list(range(1, 8))
+            for n in (1, 2, 3):  # as version 7's relays wrote them
+                await store.execute(
+                    "INSERT INTO {dead_letters} (id, topic, payload, content_type, headers,"
+                    " created_at, failure_reason, attempts) VALUES"
+                    f" ('m-{n}', 'orders', {x}, 'application/json', '{{}}', {now}, 'r{n}', 3)"
+                )
+            assert await store.purge_dead_letters(DeadLetterFilter(ids=["m-3"])) == ["m-3"]
+            everything = DeadLetterFilter()
+            before = (await store.list_dead_letters(everything, limit=10, cursor=None)).items
+            assert [(d.id, d.direction) for d in before] == [("m-2", "publish"), ("m-1", "publish")]
+
+            assert await store.migrate() == [8]
+            await store.check_schema()
+            assert (
+                await store.list_dead_letters(everything, limit=10, cursor=None)
+            ).items == before
+            received = Message(id="m-1", topic="orders", payload=b"x")
+            options: dict[str, Any] = {"on_failure": judge, "retention_seconds": 60}
+            assert await consume(store, "c", [received], failing, **options) == ["dead"]
+            page = await store.list_dead_letters(everything, limit=1, cursor=None)
+            assert [(d.id, d.direction) for d in page.items] == [("m-1", "consume")]
+            assert page.next_cursor == "4"  # after m-3's number, which was purged
+            rest = await store.list_dead_letters(everything, limit=10, cursor=page.next_cursor)
+            assert rest.items == before

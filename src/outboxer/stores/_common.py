@@ -9,7 +9,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from outboxer import ports
@@ -313,6 +313,12 @@ def dead_letter_page(rows: Sequence[Row], limit: int) -> DeadLetterPage:
     page, more = page_rows(rows, limit)
     next_cursor = str(page[-1]["dl_seq"]) if more else None
     return DeadLetterPage([dead_letter_from_row(r) for r in page], next_cursor)
+
+
+def unique(ids: Iterable[str]) -> list[str]:
+    """``ids`` once each, in order: a replay or purge that acted on both dead letters of an id
+    (one publish, one consume) reports the id once."""
+    return list(dict.fromkeys(ids))
 
 
 class DeadLetterViews:

@@ -25,8 +25,9 @@ from outboxer.ports import AdminStore, DeadLetterFilter
 def _on_store(
     queryset: Any, action: Callable[[AdminStore, DeadLetterFilter], Awaitable[list[str]]]
 ) -> tuple[int, int]:
-    """Run ``action`` on the store for the selected dead letters: (selected, done)."""
-    ids = [str(i) for i in queryset.values_list("message_id", flat=True)]
+    """Run ``action`` on the store for the selected dead letters' ids: (ids selected, ids
+    done). An id names both its dead letters when it has two (one publish, one consume)."""
+    ids = list(dict.fromkeys(str(i) for i in queryset.values_list("message_id", flat=True)))
     flt = DeadLetterFilter(ids=ids)
     done = with_store(lambda store: action(store, flt), database_url(queryset.db), outbox().names)
     return len(ids), len(done)

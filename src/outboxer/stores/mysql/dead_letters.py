@@ -14,7 +14,7 @@ from typing import Any
 from asyncmy import errors as mysql_errors
 
 from outboxer.ports import DeadLetterFilter
-from outboxer.stores._common import DeadLetterViews, Row
+from outboxer.stores._common import DeadLetterViews, Row, unique
 from outboxer.stores.mysql.connection import (
     MysqlPart,
     error_code,
@@ -96,7 +96,7 @@ class MysqlDeadLetters(MysqlPart, DeadLetterViews):
             if moved or consume:
                 seqs = tuple(r["dl_seq"] for r in [*moved, *consume])
                 await execute(conn, self.q["delete_dead_letters"], {"seqs": seqs})
-        return [text_row(r)["id"] for r in moved] + [text_row(r)["id"] for r in consume]
+        return unique(text_row(r)["id"] for r in [*moved, *consume])
 
     async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         async with self.db.transaction() as conn:
@@ -104,4 +104,4 @@ class MysqlDeadLetters(MysqlPart, DeadLetterViews):
             if rows:
                 seqs = tuple(r["dl_seq"] for r in rows)
                 await execute(conn, self.q["delete_dead_letters"], {"seqs": seqs})
-        return [text_row(r)["id"] for r in rows]
+        return unique(text_row(r)["id"] for r in rows)

@@ -8,7 +8,7 @@ from typing import Any
 import asyncpg
 
 from outboxer.ports import DeadLetterFilter
-from outboxer.stores._common import DeadLetterViews, Row
+from outboxer.stores._common import DeadLetterViews, Row, unique
 from outboxer.stores.postgres.connection import PostgresPart
 
 __all__ = ["PostgresDeadLetters"]
@@ -62,7 +62,7 @@ class PostgresDeadLetters(PostgresPart, DeadLetterViews):
             for query in queries:
                 rows = await conn.fetch(self.q[query], *_filter_args(flt))
                 ids.extend(r["id"] for r in rows)
-        return ids
+        return unique(ids)
 
 
 def _filter_args(flt: DeadLetterFilter) -> tuple[Any, ...]:

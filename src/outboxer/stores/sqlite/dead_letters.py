@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from outboxer.ports import DeadLetterFilter
-from outboxer.stores._common import DeadLetterViews, Row
+from outboxer.stores._common import DeadLetterViews, Row, unique
 from outboxer.stores.sqlite.connection import SqlitePart
 
 __all__ = ["SqliteDeadLetters"]
@@ -69,14 +69,14 @@ class SqliteDeadLetters(SqlitePart, DeadLetterViews):
                 replayed = {"replayed": json.dumps(consumed)}
                 for step in ("revive", "keep", "delete"):
                     await conn.execute(self.q[f"replay_consume_{step}"], replayed)
-        return ids + consumed
+        return unique(ids + consumed)
 
     async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         async with (
             self.db.transaction() as conn,
             conn.execute(self.q["purge_dead_letters"], _filter_params(flt)) as cur,
         ):
-            return [r["id"] for r in await cur.fetchall()]
+            return unique(r["id"] for r in await cur.fetchall())
 
 
 def _filter_params(flt: DeadLetterFilter) -> dict[str, Any]:

@@ -161,9 +161,10 @@ WHERE id IN %(ids)s AND claim_token = %(token)s
 -- name: dead_letter_copy
 -- items: [[id, reason], ...]. Followed by dead_letter_delete in the same transaction, so the
 -- rows move or stay together; the claim token fences both statements.
--- Ids may be reused (docs/guarantees.md): REPLACE deletes a dead letter with the same id and
--- inserts this one as the newest (a fresh dl_seq). A plain INSERT would fail on the unique id
--- and with it the settle of the whole batch, forever (every lease).
+-- Ids may be reused (docs/guarantees.md): REPLACE deletes a publish dead letter with the same
+-- id and inserts this one as the newest (a fresh dl_seq); a consume dead letter of the id stays
+-- (the unique key is (id, direction), 0008). A plain INSERT would fail on the unique key and
+-- with it the settle of the whole batch, forever (every lease).
 REPLACE INTO {dead_letters} (id, topic, `key`, type, payload, content_type, headers, created_at,
                             failure_reason, attempts, direction)
 SELECT o.id, o.topic, o.`key`, o.type, o.payload, o.content_type, o.headers, o.created_at,
@@ -445,15 +446,14 @@ ON DUPLICATE KEY UPDATE expires_at = UTC_TIMESTAMP(6) + INTERVAL %(retention_us)
 -- name: inbox_dead_letter
 -- A consumption that failed for good, in the dead-letter table every operator tool reads. The
 -- dead letter's id is the message id; when a second consumer gives up on the same message the
--- existing consume dead letter is updated (a publish dead letter of the id is left alone).
+-- existing consume dead letter is updated (a publish dead letter of the id is another row).
 INSERT INTO {dead_letters} (id, topic, `key`, type, payload, content_type, headers, created_at,
                             failure_reason, attempts, direction)
 VALUES (%(id)s, %(topic)s, %(key)s, %(type)s, %(payload)s, %(content_type)s, %(headers)s,
         %(created_at)s, %(reason)s, %(attempts)s, 'consume')
 ON DUPLICATE KEY UPDATE
-    failure_reason = IF(direction = 'consume', %(reason)s, failure_reason),
-    dead_lettered_at = IF(direction = 'consume', UTC_TIMESTAMP(6), dead_lettered_at),
-    attempts = IF(direction = 'consume', GREATEST(attempts, %(attempts)s), attempts)
+    failure_reason = %(reason)s, dead_lettered_at = UTC_TIMESTAMP(6),
+    attempts = GREATEST(attempts, %(attempts)s)
 
 -- name: inbox_due
 -- Due failures of one consumer, soonest first; of each key only its earliest failure (the

@@ -274,9 +274,9 @@ WHERE id = ANY($1::text[]) AND claim_token = $2
 
 -- name: dead_letter
 -- Moves rows in one statement: the DELETE and the INSERT commit or fail together.
--- Ids may be reused (docs/guarantees.md): a message whose id already has a dead letter replaces
--- it, as the newest (a fresh dl_seq). A plain INSERT would fail on the unique id and with it the
--- settle of the whole batch, forever (every lease).
+-- Ids may be reused (docs/guarantees.md): a message whose id already has a publish dead letter
+-- replaces it, as the newest (a fresh dl_seq); a consume dead letter of the id stays (0008). A
+-- plain INSERT would fail on the unique key and with it the settle of the whole batch, forever.
 WITH failed AS (
     SELECT * FROM unnest($1::text[], $2::text[]) AS f(id, reason)
 ), moved AS (
@@ -289,12 +289,12 @@ INSERT INTO {dead_letters} (id, topic, key, type, payload, content_type, headers
 SELECT id, topic, key, type, payload, content_type, headers, created_at, reason, attempts + 1,
        'publish'
 FROM moved
-ON CONFLICT (id) DO UPDATE
+ON CONFLICT (id, direction) DO UPDATE
     SET dl_seq = DEFAULT, topic = EXCLUDED.topic, key = EXCLUDED.key, type = EXCLUDED.type,
         payload = EXCLUDED.payload, content_type = EXCLUDED.content_type,
         headers = EXCLUDED.headers, created_at = EXCLUDED.created_at,
         dead_lettered_at = now(), failure_reason = EXCLUDED.failure_reason,
-        attempts = EXCLUDED.attempts, direction = 'publish'
+        attempts = EXCLUDED.attempts
 
 -- name: release_expired
 -- No index covers claim_token (see the fillfactor note in the schema): this scans the table,
@@ -594,14 +594,14 @@ ON CONFLICT (consumer, message_id) DO UPDATE SET expires_at = EXCLUDED.expires_a
 -- A consumption that failed for good, in the dead-letter table every operator tool reads. The
 -- dead letter's id is the message id; when a second consumer gives up on the same message the
 -- existing consume dead letter is updated (its failure rows in {inbox_failures} say which
--- consumers gave up, and replay re-drives it to each of them).
+-- consumers gave up, and replay re-drives it to each of them). A publish dead letter of the
+-- same id is another row (0008).
 INSERT INTO {dead_letters} (id, topic, key, type, payload, content_type, headers, created_at,
                             failure_reason, attempts, direction)
 VALUES ($1, $2, $3, $4, $5, $6, CAST($7 AS jsonb), $8, $9, $10, 'consume')
-ON CONFLICT (id) DO UPDATE
+ON CONFLICT (id, direction) DO UPDATE
     SET failure_reason = EXCLUDED.failure_reason, dead_lettered_at = now(),
         attempts = GREATEST({dead_letters}.attempts, EXCLUDED.attempts)
-    WHERE {dead_letters}.direction = 'consume'
 
 -- name: inbox_due
 -- Due failures of one consumer, soonest first; of each key only its earliest failure (the

@@ -103,8 +103,9 @@ SET claim_token = NULL, locked_by = NULL, locked_until = NULL
 WHERE id IN (SELECT value FROM json_each(:ids)) AND claim_token = :token
 
 -- name: dead_letter_copy
--- OR REPLACE: a message whose id already has a dead letter (ids may be reused) replaces it, as
--- the newest (a new dl_seq); a plain INSERT would fail the settle of the whole batch, forever.
+-- OR REPLACE: a message whose id already has a publish dead letter (ids may be reused) replaces
+-- it, as the newest (a new dl_seq), and leaves a consume dead letter of the id alone (0008); a
+-- plain INSERT would fail the settle of the whole batch, forever.
 -- dead_lettered_at is set here rather than by the column default, on the store's clock.
 INSERT OR REPLACE INTO {dead_letters} (id, topic, key, type, payload, content_type, headers,
                                        created_at, dead_lettered_at, failure_reason, attempts,
@@ -294,7 +295,8 @@ ORDER BY dl_seq
 RETURNING id
 
 -- name: replay_delete
-DELETE FROM {dead_letters} WHERE id IN (SELECT value FROM json_each(:replayed))
+DELETE FROM {dead_letters}
+WHERE direction = 'publish' AND id IN (SELECT value FROM json_each(:replayed))
 
 -- name: purge_dead_letters
 DELETE FROM {dead_letters} WHERE {where}
@@ -346,11 +348,10 @@ INSERT INTO {dead_letters} (id, topic, key, type, payload, content_type, headers
                             failure_reason, attempts, direction)
 VALUES (:id, :topic, :key, :type, :payload, :content_type, :headers, :created_at, :reason,
         :attempts, 'consume')
-ON CONFLICT (id) DO UPDATE
+ON CONFLICT (id, direction) DO UPDATE
     SET failure_reason = excluded.failure_reason,
         dead_lettered_at = (julianday('now') - 2440587.5) * 86400.0,
         attempts = max(attempts, excluded.attempts)
-    WHERE direction = 'consume'
 
 -- name: inbox_due
 SELECT f.message_id FROM {inbox_failures} f
