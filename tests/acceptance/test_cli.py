@@ -223,7 +223,9 @@ def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, database: Datab
     assert shown["attempts"] == 3 and shown["direction"] == "publish"
     assert shown["type"] == "Poison" and shown["topic"] == "audit"
     assert "always rejected" in shown["failure_reason"]
-    assert "always rejected" in cli("dlq", "list", *db).stdout  # the human table
+    table = cli("dlq", "list", *db).stdout  # the human table
+    assert "DIRECTION" in table and "always rejected" in table
+    assert [line.split()[:2] for line in table.splitlines()[1:]] == [[i, "publish"] for i in listed]
 
     # One unknown id among known ones: refused by name, and nothing replayed or purged (as the
     # API's 404), so a typo never leaves half of a command done.

@@ -38,12 +38,13 @@ def dlq() -> None:
 def _print_dead_letters(items: list[DeadLetter]) -> None:
     """The human table. Every text came from a message or an error, so it is escaped: a topic
     holding ``\x1b[2J`` must not clear the operator's terminal."""
-    header = f"{'ID':36}  {'TOPIC':16} {'TYPE':18} {'KEY':12} {'ATT':>3}  REASON"
+    header = f"{'ID':36}  {'DIRECTION':9} {'TOPIC':16} {'TYPE':18} {'KEY':12} {'ATT':>3}  REASON"
     click.echo(header)
-    for d in items:
+    for d in items:  # an id may have two: one publish, one consume dead letter
         click.echo(
-            f"{printable(d.id):36}  {short(d.topic, 16):16} {short(d.type or '-', 18):18} "
-            f"{short(d.key or '-', 12):12} {d.attempts:>3}  {short(d.failure_reason, 60)}"
+            f"{printable(d.id):36}  {d.direction:9} {short(d.topic, 16):16} "
+            f"{short(d.type or '-', 18):18} {short(d.key or '-', 12):12} {d.attempts:>3}  "
+            f"{short(d.failure_reason, 60)}"
         )
 
 
