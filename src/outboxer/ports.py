@@ -496,8 +496,11 @@ class DeadLetterStore(Protocol):
         payloads reach :data:`PAGE_PAYLOAD_BYTES` (then ``next_cursor`` goes on)."""
         ...
 
-    async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter:
-        """One dead letter; raises ``NotFound``."""
+    async def get_dead_letter(
+        self, dead_letter_id: str, direction: Direction | None = None
+    ) -> DeadLetter:
+        """One dead letter; raises ``NotFound``. An id may have two (one publish, one consume
+        dead letter): ``direction`` chooses, and without it the newer is returned."""
         ...
 
     async def known_dead_letter_ids(self, ids: Sequence[str]) -> set[str]:

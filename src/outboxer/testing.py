@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from outboxer import ports
-from outboxer.errors import ConfigurationError, NotFound, PublishError
+from outboxer.errors import ConfigurationError, PublishError
 from outboxer.message import Message
 from outboxer.outbox import Outbox
 from outboxer.ports import (
@@ -50,6 +50,7 @@ from outboxer.ports import (
 )
 from outboxer.stores._common import (
     check_limit,
+    dead_letter_not_found,
     decode_headers,
     envelope_of,
     message_not_found,
@@ -388,11 +389,15 @@ class InMemoryStore:
         known = {i for i, _ in self._dead}
         return {i for i in ids if i in known}
 
-    async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter:
-        found = [v for (i, _), v in self._dead.items() if i == dead_letter_id]
+    async def get_dead_letter(
+        self, dead_letter_id: str, direction: ports.Direction | None = None
+    ) -> DeadLetter:
+        found = [
+            v for (i, d), v in self._dead.items() if i == dead_letter_id and direction in (None, d)
+        ]
         if not found:
-            raise NotFound(f"no dead letter with id {dead_letter_id!r}")
-        return max(found, key=lambda v: v[0])[1]  # the newest of the id's two directions
+            raise dead_letter_not_found(dead_letter_id, direction)
+        return max(found, key=lambda v: v[0])[1]  # the newer of the id's two
 
     def _outbox_message(
         self, row: _Row, now: dt.datetime, dead_keys: set[str | None]

@@ -223,6 +223,11 @@ def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, database: Datab
     assert shown["attempts"] == 3 and shown["direction"] == "publish"
     assert shown["type"] == "Poison" and shown["topic"] == "audit"
     assert "always rejected" in shown["failure_reason"]
+    chosen = cli("dlq", "show", *db, poison[0], "--direction", "publish", "--json")
+    assert json.loads(chosen.stdout) == shown
+    none = cli("dlq", "show", *db, poison[0], "--direction", "consume")
+    assert_one_line_error(none, 1, f"no consume dead letter with id '{poison[0]}'")
+    assert cli("dlq", "show", *db, poison[0], "--direction", "both").returncode == 2
     table = cli("dlq", "list", *db).stdout  # the human table
     assert "DIRECTION" in table and "always rejected" in table
     assert [line.split()[:2] for line in table.splitlines()[1:]] == [[i, "publish"] for i in listed]

@@ -455,3 +455,50 @@ def _no_proxy_for_localhost(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
+
+
+async def test_an_id_dead_lettered_both_ways_shows_two_rows_each_inspected_as_itself(
+    serve: Callable[..., Server],
+    dead_letters: list[str],
+    browser: Browser,
+    pg_store: PostgresStore,
+) -> None:
+    """A service consuming what it publishes failed on one id both ways: the table has a row
+    per direction, and Inspect on each row shows that row's dead letter (the API gives the
+    newer one unless told the direction)."""
+    target = dead_letters[0]
+
+    async def mail(message: Message, connection: Any, attempt: int) -> None:
+        raise RuntimeError("the mail server said no")
+
+    received = Message(id=target, topic="orders", payload=b'{"received": true}')
+    outcomes = await consume(
+        pg_store,
+        "mailer",
+        [received],
+        mail,
+        on_failure=lambda message, attempts, error: ConsumeFailure(str(error), None),
+        retention_seconds=60,
+    )
+    assert outcomes == ["dead"]
+    server = serve(token=None)  # reads only
+    page, problems = await open_page(browser, server.url + "/")
+    await page.locator("#dead-letters tbody tr").nth(4).wait_for()
+    both = row(page, target)
+    await expect(both).to_have_count(2)
+    for direction in ("publish", "consume"):
+        mine = page.locator(
+            f'#dead-letters tbody tr[data-id="{target}"][data-direction="{direction}"]'
+        )
+        await mine.get_by_role("button", name="Inspect").click()
+        await expect(page.locator("#detail-fields")).to_contain_text(direction)
+        await expect(mine).to_have_class("selected")
+        fields = await page.inner_text("#detail-fields")
+        payload = await page.inner_text("#detail-payload")
+        if direction == "publish":
+            assert "broker rejected" in fields and '"order_id": 1000' in payload
+        else:
+            assert "the mail server said no" in fields and '"received": true' in payload
+        assert await page.locator("#dead-letters tbody tr.selected").count() == 1
+    assert problems == []
+    assert server.stop() == 0

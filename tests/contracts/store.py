@@ -579,6 +579,12 @@ class StoreContract:
         ]
         assert (await store.stats()).dead_letters == 2
         assert (await store.get_dead_letter(reused)).direction == "consume"  # the newest
+        publish = await store.get_dead_letter(reused, "publish")
+        assert (publish.direction, publish.failure_reason) == ("publish", f"reason {reused}")
+        consumed = await store.get_dead_letter(reused, "consume")
+        assert (consumed.direction, consumed.payload) == ("consume", received.payload)
+        with pytest.raises(NotFound, match="no consume dead letter with id 'nope'"):
+            await store.get_dead_letter("nope", "consume")
         assert await store.known_dead_letter_ids([reused, "nope"]) == {reused}
         # The id is written anew and fails again: it replaces the publish dead letter only.
         await add("t", {"n": "anew"}, id=reused)

@@ -270,6 +270,51 @@ async def test_show_one_dead_letter(admin: Client, make_dead: MakeDead) -> None:
     assert body["failure_reason"].startswith("rejected by broker") and body["attempts"] == 1
 
 
+async def test_an_id_with_a_publish_and_a_consume_dead_letter_shows_either_and_replays_both(
+    admin: Client, make_dead: MakeDead, pg_store: PostgresStore
+) -> None:
+    """A service consuming what it publishes can fail on one id both ways: both are listed,
+    ``direction`` chooses which one ``GET`` shows (the newer without it), and replaying the id
+    replays both, each its own way."""
+    (dead_id,) = await make_dead("orders", 1)
+
+    async def failing(message: Message, connection: Any, attempt: int) -> None:
+        raise RuntimeError("the mail server said no")
+
+    received = Message(id=dead_id, topic="orders", payload=b'{"n": 1}')
+    outcomes = await consume(
+        pg_store,
+        "mailer",
+        [received],
+        failing,
+        on_failure=lambda message, attempts, error: ConsumeFailure(str(error), None),
+        retention_seconds=60,
+    )
+    assert outcomes == ["dead"]
+    listed = (await admin.get("/api/deadletters")).json()["items"]
+    assert [(d["id"], d["direction"]) for d in listed] == [
+        (dead_id, "consume"),
+        (dead_id, "publish"),
+    ]
+    assert (await admin.get(f"/api/deadletters/{dead_id}")).json()["direction"] == "consume"
+    for direction in ("publish", "consume"):
+        response = await admin.get(f"/api/deadletters/{dead_id}", params={"direction": direction})
+        assert response.status_code == 200 and response.json()["direction"] == direction
+    before = await snapshot(pg_store)
+    bad = await admin.get(f"/api/deadletters/{dead_id}", params={"direction": "both"})
+    assert "direction" in json.dumps(assert_problem(bad, 422))
+    missing = await admin.get("/api/deadletters/nope", params={"direction": "consume"})
+    assert "no consume dead letter with id 'nope'" in assert_problem(missing, 404)
+    assert await snapshot(pg_store) == before
+
+    response = await admin.post(f"/api/deadletters/{dead_id}/replay")
+    assert response.status_code == 200
+    assert response.json() == {"replayed": [dead_id], "count": 1, "not_found": []}
+    stats = await pg_store.stats()
+    assert (stats.pending, stats.dead_letters) == (1, 0)  # back in the outbox, and re-driven
+    assert [(f.retrying, f.waiting) for f in stats.consume_failures] == [(0, 1)]
+
+
 async def test_stats_are_the_figures_of_the_cli(
     admin: Client, make_dead: MakeDead, pg_store: PostgresStore, pg_url: str, pg_schema: str
 ) -> None:

@@ -67,6 +67,7 @@ from outboxer.ports import (
     DeadLetter,
     DeadLetterFilter,
     DeadLetterPage,
+    Direction,
     MessageFilter,
     MessagePage,
     MessageState,
@@ -314,9 +315,15 @@ async def list_dead_letters(
     response_model=DeadLetterOut,
     responses={**_ERRORS, 404: _MUTATION_ERRORS[404]},
     summary="One dead letter with payload, reason and attempts",
+    description=(
+        "An id may have two dead letters, one publish and one consume (a service consuming "
+        "what it publishes): direction chooses; without it, the newer."
+    ),
 )
-async def get_dead_letter(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str, Any]:
-    return _item(await store.get_dead_letter(dead_letter_id))
+async def get_dead_letter(
+    store: StoreDep, dead_letter_id: DeadLetterId, direction: Direction | None = None
+) -> dict[str, Any]:
+    return _item(await store.get_dead_letter(dead_letter_id, direction))
 
 
 @dead_letters.post(

@@ -27,7 +27,7 @@ from outboxer.cli.options import (
     stored_text,
 )
 from outboxer.errors import OutboxerError
-from outboxer.ports import AdminStore, DeadLetter, DeadLetterFilter
+from outboxer.ports import AdminStore, DeadLetter, DeadLetterFilter, Direction
 
 
 @click.group()
@@ -61,10 +61,15 @@ def dlq_list(**values: Any) -> None:
 @dlq.command("show")
 @database_options
 @click.argument("dead_letter_id", callback=stored_text)
+@click.option(
+    "--direction",
+    type=click.Choice(["publish", "consume"]),
+    help="Which of the id's dead letters, when it has both (default: the newer).",
+)
 @json_option
-def dlq_show(dead_letter_id: str, **values: Any) -> None:
+def dlq_show(dead_letter_id: str, direction: Direction | None, **values: Any) -> None:
     """One dead letter with payload, reason and attempts."""
-    echo_one(values, lambda store: store.get_dead_letter(dead_letter_id))
+    echo_one(values, lambda store: store.get_dead_letter(dead_letter_id, direction))
 
 
 def _bulk_filter(values: dict[str, Any]) -> DeadLetterFilter:

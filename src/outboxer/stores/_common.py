@@ -315,6 +315,11 @@ def dead_letter_page(rows: Sequence[Row], limit: int) -> DeadLetterPage:
     return DeadLetterPage([dead_letter_from_row(r) for r in page], next_cursor)
 
 
+def dead_letter_not_found(dead_letter_id: str, direction: str | None) -> NotFound:
+    kind = "dead letter" if direction is None else f"{direction} dead letter"
+    return NotFound(f"no {kind} with id {dead_letter_id!r}")
+
+
 def unique(ids: Iterable[str]) -> list[str]:
     """``ids`` once each, in order: a replay or purge that acted on both dead letters of an id
     (one publish, one consume) reports the id once."""
@@ -364,13 +369,18 @@ class DeadLetterViews:
         )
         return dead_letter_page(rows, limit)
 
-    async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter:
-        page = await self.list_dead_letters(
-            DeadLetterFilter(ids=[dead_letter_id]), limit=1, cursor=None
-        )
-        if not page.items:
-            raise NotFound(f"no dead letter with id {dead_letter_id!r}")
-        return page.items[0]
+    async def get_dead_letter(
+        self, dead_letter_id: str, direction: ports.Direction | None = None
+    ) -> DeadLetter:
+        flt, cursor = DeadLetterFilter(ids=[dead_letter_id]), None
+        while True:  # at most two dead letters, newest first, one a page if they are large
+            page = await self.list_dead_letters(flt, limit=2, cursor=cursor)
+            for dead in page.items:
+                if direction in (None, dead.direction):
+                    return dead
+            cursor = page.next_cursor
+            if cursor is None:
+                raise dead_letter_not_found(dead_letter_id, direction)
 
 
 def check_schema_version(current: int, latest: int, table: str) -> None:

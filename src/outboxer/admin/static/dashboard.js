@@ -355,8 +355,10 @@
   function deadLetterRow(dead) {
     const row = document.createElement("tr");
     row.dataset.id = dead.id;
-    if (selected === dead.id) row.className = "selected";
+    row.dataset.direction = dead.direction;
+    if (isSelected(dead.id, dead.direction)) row.className = "selected";
     cell(row, dead.id, "id");
+    cell(row, dead.direction);
     cell(row, dead.topic);
     cell(row, dead.type);
     cell(row, dead.key);
@@ -368,7 +370,7 @@
     actions.className = "actions";
     actionsCell.appendChild(actions);
     actions.append(
-      button("Inspect", "secondary", () => inspect(dead.id)),
+      button("Inspect", "secondary", () => inspect(dead.id, dead.direction)),
       button("Replay", "", (b) => replay(dead.id, b)),
       button("Delete", "danger", (b) => remove(dead.id, b)),
     );
@@ -376,17 +378,23 @@
     return row;
   }
 
-  async function inspect(id) {
+  // An id may have two dead letters (one publish, one consume): a row is the pair.
+  function isSelected(id, direction) {
+    return selected !== null && selected.id === id && selected.direction === direction;
+  }
+
+  async function inspect(id, direction) {
     let dead;
     try {
-      dead = await api("api/deadletters/" + encodeURIComponent(id));
+      dead = await api("api/deadletters/" + encodeURIComponent(id)
+        + "?direction=" + encodeURIComponent(direction));
     } catch (error) {
       showError(error);
       return;
     }
-    selected = id;
+    selected = { id, direction };
     for (const row of $("dead-letters").querySelectorAll("tbody tr")) {
-      row.className = row.dataset.id === id ? "selected" : "";
+      row.className = isSelected(row.dataset.id, row.dataset.direction) ? "selected" : "";
     }
     $("detail-id").textContent = dead.id;
     const fields = $("detail-fields");
@@ -425,7 +433,7 @@
     if (control) control.disabled = true;
     try {
       await api("api/deadletters/" + encodeURIComponent(id) + "/replay", { method: "POST" });
-      if (selected === id) closeDetail();
+      if (selected !== null && selected.id === id) closeDetail();
       await afterChange("replayed " + id);
     } catch (error) {
       showError(error, true);
@@ -438,7 +446,7 @@
     if (control) control.disabled = true;
     try {
       await api("api/deadletters/" + encodeURIComponent(id), { method: "DELETE" });
-      if (selected === id) closeDetail();
+      if (selected !== null && selected.id === id) closeDetail();
       await afterChange("deleted " + id);
     } catch (error) {
       showError(error, true);
@@ -446,8 +454,8 @@
     }
   }
 
-  $("detail-replay").addEventListener("click", () => selected && replay(selected, $("detail-replay")));
-  $("detail-delete").addEventListener("click", () => selected && remove(selected, $("detail-delete")));
+  $("detail-replay").addEventListener("click", () => selected && replay(selected.id, $("detail-replay")));
+  $("detail-delete").addEventListener("click", () => selected && remove(selected.id, $("detail-delete")));
   $("detail-close").addEventListener("click", closeDetail);
 
   $("replay-filtered").addEventListener("click", async () => {
