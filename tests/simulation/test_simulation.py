@@ -17,11 +17,9 @@ SQLite: about 70 s on 2 cores with ``-n 2``);
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,17 +32,6 @@ if "OUTBOXER_SIM_SCENARIOS" in os.environ:
     SCENARIOS = dict.fromkeys(SCENARIOS, int(os.environ["OUTBOXER_SIM_SCENARIOS"]))
 CHUNKS = 8
 ONE_SEED = os.environ.get("OUTBOXER_SIM_SEED")
-
-
-@pytest.fixture(autouse=True)
-def quiet_relays() -> Iterator[None]:
-    """The relays log every injected fault; thousands of scenarios would drown the output."""
-    outboxer = logging.getLogger("outboxer")
-    level = outboxer.level
-    if ONE_SEED is None:
-        outboxer.setLevel(logging.CRITICAL + 1)
-    yield
-    outboxer.setLevel(level)
 
 
 def seeds(store: str, chunk: int) -> range | list[int]:
