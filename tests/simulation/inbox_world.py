@@ -6,8 +6,10 @@ kill there loses by design what a database keeps). A scenario is a pure function
 
 1. **storm**: messages are appended to a partitioned log (Kafka's model: a key stays in its
    partition, a consumer group commits an offset per partition) at random instants, some twice
-   (a publisher's duplicate: the same id again, later in the log). One consumer process at a time
-   runs the real :func:`~outboxer.inbox.run_consumer` on it: its adapter fetches batches and
+   (a publisher's duplicate: the same id again, later in the log). One or two consumer groups
+   read it (each with its own inbox rows, failures and offsets, and its own handler behaviour:
+   a message both give up on is one consume dead letter, which a replay re-drives to both); per
+   group, one process at a time runs the real :func:`~outboxer.inbox.run_consumer` on it: its adapter fetches batches and
    acknowledges them (commits offsets) through :class:`~outboxer.inbox.consumer.Deliveries`, as
    the real adapters do. Faults: the process is killed (every task of it cancelled: its open
    transaction rolls back, nothing more is acknowledged) at random instants, inside a handler
@@ -18,9 +20,12 @@ kill there loses by design what a database keeps). A scenario is a pure function
    effect through ``ctx.connection``, in the inbox's transaction, and sometimes fail after it.
 2. **calm**: faults stop; everything in the log must be acknowledged and every failure settled.
    Then the bug is fixed and the operator replays every dead letter.
-3. **check**: every flaky or healthy message took effect exactly once, broken ones exactly once
-   (after the replay), permanent ones never and are the only dead letters; of each key the
-   messages that never failed for good took effect in log order.
+3. **check**, per consumer group: every flaky or healthy message took effect exactly once, broken
+   ones exactly once (after the replay), permanent ones never and are the only dead letters (one
+   per message); of each key the messages that never failed for good took effect in log order.
+   A kill cancels every task of the process rather than stopping it dead: a kill runs no code
+   where a cancellation runs cleanup, and the model holds because commits and acknowledgements
+   are never made in cleanup.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import dataclasses
 import inspect
 import json
 import random
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +57,7 @@ from outboxer.message import Message
 from outboxer.ports import DeadLetterFilter
 from tests.simulation.world import SimSqliteStore, Tally
 
-CONSUMER = "sim"
+GROUPS = ("a", "b")
 
 #: The consumer process a task belongs to (tasks inherit it from the task that made them).
 PROCESS: contextvars.ContextVar[Process | None] = contextvars.ContextVar("process", default=None)
@@ -62,8 +67,10 @@ PROCESS: contextvars.ContextVar[Process | None] = contextvars.ContextVar("proces
 class Sent:
     uid: int
     key: str | None
-    nature: str  # healthy, flaky, permanent, broken
-    failures: int  # a flaky message fails this many attempts, then succeeds
+    #: Per consumer group: healthy, flaky (fails ``failures`` attempts, then succeeds),
+    #: permanent, broken (fails until the bug is fixed).
+    natures: dict[str, str]
+    failures: dict[str, int]
 
 
 @dataclasses.dataclass(slots=True)
@@ -79,8 +86,9 @@ class Faults:
 class Process:
     """One consumer process: its tasks, and a kill that cancels every one of them."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, group: str) -> None:
         self.name = name
+        self.group = group
         self.tasks: set[asyncio.Task[Any]] = set()
         self.killed = False
         self.inbox: Inbox | None = None  # asked to stop (SIGTERM) through it
@@ -117,14 +125,16 @@ def task_factory(
 
 
 class Log:
-    """The broker: partitions of messages and the consumer group's committed offsets."""
+    """The broker: partitions of messages and each consumer group's committed offsets."""
 
-    def __init__(self, partitions: int) -> None:
+    def __init__(self, partitions: int, groups: Sequence[str]) -> None:
         self.partitions: list[list[Message]] = [[] for _ in range(partitions)]
-        self.committed = [0] * partitions
+        self.committed = {group: [0] * partitions for group in groups}
 
-    def drained(self) -> bool:
-        return all(c == len(p) for c, p in zip(self.committed, self.partitions, strict=True))
+    def behind(self, group: str) -> list[int]:
+        """Messages not acknowledged yet, per partition."""
+        committed = self.committed[group]
+        return [len(p) - c for p, c in zip(self.partitions, committed, strict=True)]
 
 
 class SimBroker:
@@ -144,7 +154,8 @@ class SimBroker:
     async def run(self, deliver: Deliver, stop: asyncio.Event) -> None:
         s = self.scenario
         log, rng = s.log, s.rng
-        positions = list(log.committed)
+        committed = log.committed[self.process.group]
+        positions = list(committed)
         turn = 0
         async with Deliveries(deliver) as deliveries:
             while not stop.is_set():
@@ -167,7 +178,7 @@ class SimBroker:
                         s.tally["process killed between a commit and its acknowledgement"] += 1
                         self.process.kill()
                         await asyncio.sleep(0)  # the cancellation lands here
-                    log.committed[p] = max(log.committed[p], end)
+                    committed[p] = max(committed[p], end)
 
                 if not await deliveries.submit(batch, acknowledge):
                     return
@@ -239,8 +250,12 @@ class InboxScenario:
         rng = self.rng = random.Random(seed)
         self.tally = Tally()
         self.max_attempts = rng.randint(2, 5)
+        # One consumer group, or two reading the same log (each with its own inbox rows,
+        # failures and offsets; a message both give up on is one consume dead letter).
+        self.groups = GROUPS[: rng.randint(1, 2)]
+        self.tally[f"scenarios with {len(self.groups)} consumer group(s)"] += 1
         self.settings = InboxSettings(
-            consumer=CONSUMER,
+            consumer="sim-a",
             max_attempts=self.max_attempts,
             retry=Backoff(base=rng.uniform(0.1, 2.0), factor=2, cap=10.0),
             retention=86400.0,
@@ -254,7 +269,7 @@ class InboxScenario:
         )
         self.batch_size = rng.randint(1, 8)
         self.poll_interval = rng.choice([0.1, 1.0])
-        self.log = Log(rng.randint(1, 3))
+        self.log = Log(rng.randint(1, 3), self.groups)
         self.keys = [f"k{n}" for n in range(rng.randint(1, 6))]
         self.storm_seconds = rng.uniform(20.0, 200.0)
         self.message_count = rng.randint(5, 60)
@@ -277,7 +292,7 @@ class InboxScenario:
         self.fixed = False
         self.processes: list[Process] = []
         self.errors: list[str] = []
-        self.current: Process | None = None
+        self.current: dict[str, Process] = {}
 
     def now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -295,14 +310,14 @@ class InboxScenario:
         # instead of blocking the only thread in SQLite's busy handler.
         await store.execute("PRAGMA busy_timeout = 0")
         await store.execute(
-            "CREATE TABLE effects (seq INTEGER PRIMARY KEY AUTOINCREMENT, uid INTEGER, "
-            "attempt INTEGER)"
+            "CREATE TABLE effects (seq INTEGER PRIMARY KEY AUTOINCREMENT, consumer TEXT, "
+            "uid INTEGER, attempt INTEGER)"
         )
         self.store = store
         violations: list[str] = []
         try:
             calm = asyncio.Event()
-            slot = asyncio.create_task(self._slot(calm))
+            slots = [asyncio.create_task(self._slot(group, calm)) for group in self.groups]
             writer = asyncio.create_task(self._write())
             chaos = asyncio.create_task(self._chaos())
             await asyncio.sleep(self.storm_seconds)
@@ -317,7 +332,7 @@ class InboxScenario:
             if not await self._wait_settled(budget=3600.0):
                 violations.append(await self._stuck("after the replay"))
             calm.set()
-            await slot
+            await asyncio.gather(*slots)
             violations += self.errors
             violations += await self.check()
         finally:
@@ -339,17 +354,20 @@ class InboxScenario:
         copies: list[tuple[float, Message, int]] = []
         for uid, at in enumerate(times):
             await asyncio.sleep(max(0.0, at - self.now()))
-            nature = "healthy"
-            for candidate, chance in self.natures.items():
-                if rng.random() < chance:
-                    nature = candidate
-            failures = rng.randint(1, self.max_attempts - 1) if nature == "flaky" else 0
+            natures, failures = {}, {}
+            for group in self.groups:
+                natures[group] = "healthy"
+                for candidate, chance in self.natures.items():
+                    if rng.random() < chance:
+                        natures[group] = candidate
+                flaky = natures[group] == "flaky"
+                failures[group] = rng.randint(1, self.max_attempts - 1) if flaky else 0
             key = rng.choice(self.keys) if rng.random() < 0.9 else None
             partitions = len(self.log.partitions)
             partition = self.keys.index(key) % partitions if key else rng.randrange(partitions)
             payload = json.dumps({"uid": uid}).encode()
             message = Message(id=f"m{uid}", topic="t", payload=payload, key=key, type="T")
-            self.sent.append(Sent(uid, key, nature, failures))
+            self.sent.append(Sent(uid, key, natures, failures))
             self.log.partitions[partition].append(message)
             self.tally["messages sent"] += 1
             if rng.random() < self.duplicates:
@@ -360,7 +378,7 @@ class InboxScenario:
             self.log.partitions[partition].append(message)
             self.tally["messages sent twice"] += 1
 
-    def _registry(self) -> HandlerRegistry:
+    def _registry(self, group: str) -> HandlerRegistry:
         registry = HandlerRegistry()
         rng, faults, tally = self.rng, self.faults, self.tally
 
@@ -368,19 +386,21 @@ class InboxScenario:
             sent = self.sent[payload["uid"]]  # (uids are positions)
             if rng.random() < self.slow_handlers:
                 await asyncio.sleep(rng.uniform(0.0, 3.0))
+            nature = sent.natures[group]
             failing = (
-                (sent.nature == "flaky" and ctx.attempt <= sent.failures)
-                or sent.nature == "permanent"
-                or (sent.nature == "broken" and not self.fixed)
+                (nature == "flaky" and ctx.attempt <= sent.failures[group])
+                or nature == "permanent"
+                or (nature == "broken" and not self.fixed)
             )
-            error: Exception = RuntimeError(f"{sent.nature} failure")
-            if sent.nature == "permanent":
+            error: Exception = RuntimeError(f"{nature} failure")
+            if nature == "permanent":
                 error = PermanentHandlerError("cannot be handled")
             if failing and rng.random() >= faults.fail_after_write:
                 tally["handler failed"] += 1
                 raise error
             await ctx.connection.execute(
-                "INSERT INTO effects (uid, attempt) VALUES (?, ?)", (sent.uid, ctx.attempt)
+                "INSERT INTO effects (consumer, uid, attempt) VALUES (?, ?, ?)",
+                (group, sent.uid, ctx.attempt),
             )
             if faults.active and rng.random() < faults.kill_in_handler:
                 tally["process killed in a handler after its write"] += 1
@@ -395,16 +415,23 @@ class InboxScenario:
         registry.register(handle, topic="t")
         return registry
 
-    async def _slot(self, calm: asyncio.Event) -> None:
-        """The consumer process slot: run a process; when it is killed, start another."""
+    async def _slot(self, group: str, calm: asyncio.Event) -> None:
+        """A consumer group's process slot: run a process; when it is killed, start another."""
         generation = 0
+        settings = dataclasses.replace(self.settings, consumer=f"sim-{group}")
         while True:
             generation += 1
-            process = Process(f"consumer.{generation}")
+            process = Process(f"consumer {group}.{generation}", group)
             self.processes.append(process)
             store = SimSqliteStore(self.workdir / "inbox.db", clock=self._epoch_seconds)
             await store.open()
-            inbox = process.inbox = Inbox(FaultyStore(store, self), self._registry(), self.settings)
+            # Two groups' processes write at once: a write one cannot make now (the other's
+            # transaction is open across a slow handler) is a database error, retried after
+            # the outage backoff, instead of a wait in SQLite's busy handler (real time, the
+            # only thread).
+            await store.execute("PRAGMA busy_timeout = 0")
+            registry = self._registry(group)
+            inbox = process.inbox = Inbox(FaultyStore(store, self), registry, settings)
             token = PROCESS.set(process)
             try:
                 run = asyncio.create_task(
@@ -417,7 +444,7 @@ class InboxScenario:
                 )
             finally:
                 PROCESS.reset(token)
-            self.current = process
+            self.current[group] = process
             ended = asyncio.create_task(calm.wait())
             await asyncio.wait([run, ended], return_when=asyncio.FIRST_COMPLETED)
             ended.cancel()
@@ -450,7 +477,7 @@ class InboxScenario:
             if kind == "replay":  # before the bug is fixed: they fail again
                 self.tally["dead letters replayed during the storm"] += await self._replay()
                 continue
-            process = self.current
+            process = self.current.get(rng.choice(self.groups))
             if process is None or process.killed or process.stopped:
                 continue
             if kind == "kill":
@@ -482,7 +509,7 @@ class InboxScenario:
             self.errors.append(f"{process.name} still ran a minute past its shutdown timeout")
 
     async def _settled(self) -> bool:
-        if not self.log.drained():
+        if any(any(self.log.behind(group)) for group in self.groups):
             return False
         stats = await self.store.stats()
         return not any(f.retrying or f.waiting for f in stats.consume_failures)
@@ -497,7 +524,7 @@ class InboxScenario:
 
     async def _stuck(self, when: str) -> str:
         stats = await self.store.stats()
-        behind = [len(p) - c for p, c in zip(self.log.partitions, self.log.committed, strict=True)]
+        behind = {group: self.log.behind(group) for group in self.groups}
         return (
             f"stuck {when}: not acknowledged per partition {behind}, "
             f"failures {[f.to_json() for f in stats.consume_failures]}"
@@ -507,9 +534,8 @@ class InboxScenario:
 
     async def check(self) -> list[str]:
         violations: list[str] = []
-        effects = [
-            row[0] for row in await self.store.execute("SELECT uid FROM effects ORDER BY seq")
-        ]
+        rows = await self.store.execute("SELECT consumer, uid FROM effects ORDER BY seq")
+        effects = [(row[0], row[1]) for row in rows]
         dead = []
         cursor = None
         while True:
@@ -523,24 +549,34 @@ class InboxScenario:
         for d in dead:
             if d.direction != "consume":
                 violations.append(f"a {d.direction} dead letter {d.id} in a consumer's database")
+        if len(dead_uids) < len(dead):
+            violations.append("two consume dead letters of one message")
         for s in self.sent:
-            expected = 0 if s.nature == "permanent" else 1
-            if counts[s.uid] != expected:
-                violations.append(
-                    f"{s.nature} message m{s.uid} took effect {counts[s.uid]} times, not {expected}"
-                )
-            if (s.nature == "permanent") != (s.uid in dead_uids):
-                what = "is not" if s.nature == "permanent" else "is"
-                violations.append(f"{s.nature} message m{s.uid} {what} a dead letter")
-        # Per-key order among the messages that never failed for good.
-        never_dead = {s.uid for s in self.sent if s.nature in ("healthy", "flaky")}
-        position = {uid: n for n, uid in enumerate(effects)}
-        for key in self.keys:
-            uids = [s.uid for s in self.sent if s.key == key and s.uid in never_dead]
-            done = [u for u in uids if u in position]
-            if [position[u] for u in done] != sorted(position[u] for u in done):
-                shown = sorted(done, key=lambda u: position[u])
-                violations.append(f"key {key} took effect out of order: {shown}")
+            for group, nature in s.natures.items():
+                expected = 0 if nature == "permanent" else 1
+                if counts[group, s.uid] != expected:
+                    violations.append(
+                        f"{nature} message m{s.uid} took effect {counts[group, s.uid]} times in "
+                        f"consumer {group}, not {expected}"
+                    )
+            permanent = "permanent" in s.natures.values()
+            if permanent != (s.uid in dead_uids):
+                what = "is not" if permanent else "is"
+                violations.append(f"message m{s.uid} {s.natures} {what} a dead letter")
+        # Per consumer and key, in log order: the messages that never failed for good there.
+        for group in self.groups:
+            position = {uid: n for n, (g, uid) in enumerate(effects) if g == group}
+            for key in self.keys:
+                done = [
+                    s.uid
+                    for s in self.sent
+                    if s.key == key
+                    and s.natures[group] in ("healthy", "flaky")
+                    and s.uid in position
+                ]
+                if [position[u] for u in done] != sorted(position[u] for u in done):
+                    shown = sorted(done, key=lambda u: position[u])
+                    violations.append(f"key {key} took effect out of order in {group}: {shown}")
         self.tally["effects"] += len(effects)
         return violations
 

@@ -1,7 +1,8 @@
 """Seeded simulation of a consumer: the inbox under kills, stops, store faults and bad handlers.
 
 Each seed builds one scenario (``tests/simulation/inbox_world.py``): a partitioned broker log
-read by consumer processes that run the real ``run_consumer`` on the SQLite store, on virtual
+read by one or two consumer groups whose processes run the real ``run_consumer`` on the SQLite
+store, on virtual
 time, with processes killed (at random instants, inside a handler after its write, between a
 commit and its acknowledgement) or stopped and restarted, store statements failing, commits whose
 answer is lost, messages sent twice, slow, flaky, permanently failing and "broken until fixed"
@@ -10,8 +11,8 @@ then the bug is fixed and every dead letter replayed. The model checks: every me
 effect exactly once (permanent failures never, and they are the only dead letters), and of
 each key the messages that never failed for good took effect in log order.
 
-``OUTBOXER_SIM_SCENARIOS`` sets the number of seeds (default 600: about 25 s on 2 cores with
-``-n 2``); ``OUTBOXER_SIM_SEED=N`` runs one seed (the reproduction line a failure prints).
+``OUTBOXER_SIM_SCENARIOS`` sets the number of seeds (default 600: about 32 s of one core, half
+of it on each with ``-n 2``); ``OUTBOXER_SIM_SEED=N`` runs one seed (the reproduction line a failure prints).
 """
 
 from __future__ import annotations
