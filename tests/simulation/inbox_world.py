@@ -5,19 +5,20 @@ the same virtual time and the real SQLite store (the in-memory store has no tran
 kill there loses by design what a database keeps). A scenario is a pure function of its seed:
 
 1. **storm**: messages are appended to a partitioned log (Kafka's model: a key stays in its
-   partition, a consumer group commits an offset per partition) at random instants, some twice
-   (a publisher's duplicate: the same id again, later in the log). One or two consumer groups
-   read it (each with its own inbox rows, failures and offsets, and its own handler behaviour:
-   a message both give up on is one consume dead letter, which a replay re-drives to both); per
-   group, one process at a time runs the real :func:`~outboxer.inbox.run_consumer` on it: its adapter fetches batches and
-   acknowledges them (commits offsets) through :class:`~outboxer.inbox.consumer.Deliveries`, as
-   the real adapters do. Faults: the process is killed (every task of it cancelled: its open
-   transaction rolls back, nothing more is acknowledged) at random instants, inside a handler
-   after its write, or between a commit and the acknowledgement, and restarted from the
-   committed offsets; a store statement fails (the transaction is lost) or a commit's answer
-   is lost; handlers are slow, fail a few times and then succeed ("flaky"), fail for good
-   (``PermanentHandlerError``), or fail until a bug is fixed ("broken"). Handlers write their
-   effect through ``ctx.connection``, in the inbox's transaction, and sometimes fail after it.
+   partition, a consumer group commits an offset per partition) at random instants, some twice (a
+   publisher's duplicate: the same id again, later in the log). One or two consumer groups read it
+   (each with its own inbox rows, failures and offsets, and its own handler behaviour: a message
+   both give up on is one consume dead letter, which a replay re-drives to both); per group, one
+   process at a time runs the real :func:`~outboxer.inbox.run_consumer` on it: its adapter fetches
+   batches and acknowledges them (commits offsets) through
+   :class:`~outboxer.inbox.consumer.Deliveries`, as the real adapters do. Faults: the process is
+   killed (every task of it cancelled: its open transaction rolls back, nothing more is
+   acknowledged) at random instants, inside a handler after its write, or between a commit and the
+   acknowledgement, and restarted from the committed offsets; a store statement fails (the
+   transaction is lost) or a commit's answer is lost; handlers are slow, fail a few times and then
+   succeed ("flaky"), fail for good (``PermanentHandlerError``), or fail until a bug is fixed
+   ("broken"). Handlers write their effect through ``ctx.connection``, in the inbox's transaction,
+   and sometimes fail after it.
 2. **calm**: faults stop; everything in the log must be acknowledged and every failure settled.
    Then the bug is fixed and the operator replays every dead letter.
 3. **check**, per consumer group: every flaky or healthy message took effect exactly once, broken

@@ -12,7 +12,8 @@ effect exactly once (permanent failures never, and they are the only dead letter
 each key the messages that never failed for good took effect in log order.
 
 ``OUTBOXER_SIM_SCENARIOS`` sets the number of seeds (default 600: about 32 s of one core, half
-of it on each with ``-n 2``); ``OUTBOXER_SIM_SEED=N`` runs one seed (the reproduction line a failure prints).
+of it on each with ``-n 2``); ``OUTBOXER_SIM_SEED=N`` runs one seed (the reproduction line a
+failure prints).
 """
 
 from __future__ import annotations
