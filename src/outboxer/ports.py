@@ -262,12 +262,14 @@ class DeadLetter(_StoredEnvelope):
 
 @dataclass(frozen=True, slots=True)
 class DeadLetterFilter:
-    """Selects dead letters; empty fields match everything. ``ids`` narrows to those ids."""
+    """Selects dead letters; empty fields match everything. ``ids`` narrows to those ids,
+    ``direction`` to publish or consume dead letters (an id may have one of each)."""
 
     topic: str | None = None
     type: str | None = None
     key: str | None = None
     ids: Sequence[str] | None = None
+    direction: Direction | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -371,6 +371,7 @@ class InMemoryStore:
                 and (flt.type is None or d.type == flt.type)
                 and (flt.key is None or d.key == flt.key)
                 and (flt.ids is None or d.id in flt.ids)
+                and (flt.direction is None or d.direction == flt.direction)
             )
 
         return sorted((v for v in self._dead.values() if match(v[1])), key=lambda v: -v[0])

@@ -228,6 +228,13 @@ def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, database: Datab
     none = cli("dlq", "show", *db, poison[0], "--direction", "consume")
     assert_one_line_error(none, 1, f"no consume dead letter with id '{poison[0]}'")
     assert cli("dlq", "show", *db, poison[0], "--direction", "both").returncode == 2
+    consumed = cli("dlq", "list", *db, "--direction", "consume", "--json")
+    assert json.loads(consumed.stdout)["items"] == []  # only publish dead letters here
+    published = cli("dlq", "list", *db, "--direction", "publish", "--json")
+    assert len(json.loads(published.stdout)["items"]) == 3
+    nothing = cli("dlq", "purge", *db, "--direction", "consume", "--yes", "--json")
+    assert json.loads(nothing.stdout) == {"purged": [], "count": 0, "not_found": []}
+    assert cli("dlq", "replay", *db, "--direction", "sideways").returncode == 2
     table = cli("dlq", "list", *db).stdout  # the human table
     assert "DIRECTION" in table and "always rejected" in table
     assert [line.split()[:2] for line in table.splitlines()[1:]] == [[i, "publish"] for i in listed]

@@ -500,5 +500,12 @@ async def test_an_id_dead_lettered_both_ways_shows_two_rows_each_inspected_as_it
         else:
             assert "the mail server said no" in fields and '"received": true' in payload
         assert await page.locator("#dead-letters tbody tr.selected").count() == 1
+    # The filter narrows the table to one direction.
+    await page.select_option("#dead-letters-filter select[name=direction]", "consume")
+    await page.click("#dead-letters-filter button[type=submit]")
+    await expect(page.locator("#dead-letters tbody tr")).to_have_count(1)
+    await expect(page.locator("#dead-letters tbody tr")).to_have_attribute(
+        "data-direction", "consume"
+    )
     assert problems == []
     assert server.stop() == 0

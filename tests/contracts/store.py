@@ -612,6 +612,48 @@ class StoreContract:
         ]
         assert handled == [reused]
 
+    async def test_dead_letters_are_listed_replayed_and_purged_by_direction(
+        self, store: Store, add: Add
+    ) -> None:
+        a, b = await self._dead_letters(store, add, 2)  # publish dead letters
+
+        async def failing(message: Message, connection: Any, attempt: int) -> None:
+            raise ValueError("cannot handle")
+
+        def judge(message: Message, attempts: int, error: Exception) -> ConsumeFailure:
+            return ConsumeFailure(f"gave up: {error}", None)
+
+        received = [Message(id=i, topic="t", payload=b"{}") for i in (b, "consumed-only")]
+        options: dict[str, Any] = {"on_failure": judge, "retention_seconds": 60}
+        assert await consume(store, "c", received, failing, **options) == ["dead", "dead"]
+
+        async def listed(flt: DeadLetterFilter) -> list[tuple[str, str]]:
+            page = await store.list_dead_letters(flt, limit=10, cursor=None)
+            return [(d.id, d.direction) for d in page.items]
+
+        assert await listed(DeadLetterFilter(direction="consume")) == [
+            ("consumed-only", "consume"),
+            (b, "consume"),
+        ]
+        assert await listed(DeadLetterFilter(direction="publish")) == [
+            (b, "publish"),
+            (a, "publish"),
+        ]
+        assert await store.purge_dead_letters(DeadLetterFilter(ids=[b], direction="publish")) == [b]
+        assert await listed(DeadLetterFilter()) == [
+            ("consumed-only", "consume"),
+            (b, "consume"),
+            (a, "publish"),
+        ]
+        assert await store.replay_dead_letters(DeadLetterFilter(direction="publish")) == [a]
+        assert [m.id for m in (await claim(store)).messages] == [a]
+        assert await listed(DeadLetterFilter(ids=[a, b])) == [(b, "consume")]
+        assert await store.replay_dead_letters(DeadLetterFilter(direction="consume")) == [
+            b,
+            "consumed-only",
+        ]
+        assert await listed(DeadLetterFilter()) == []
+
     async def test_a_dead_lettered_key_can_be_held_until_an_operator_acts(
         self, store: Store, add: Add
     ) -> None:

@@ -240,6 +240,18 @@ def test_dead_letters_in_the_admin_replay_and_delete(alias: str, admin_client: A
         assert "Replayed 1 dead letter(s)" in replayed.content.decode()
         assert [row[2] for row in outbox_rows(alias)] == ["NoHandler"]
 
+        # A consumer of this database gives up on ids[1] too: two rows of one id. Each action
+        # acts on the rows selected, not on every dead letter of their ids.
+        consume_dead_letter(alias, ids[1])
+        rows = DeadLetter.objects.using(alias).filter(message_id=ids[1])
+        assert sorted(rows.values_list("direction", flat=True)) == ["consume", "publish"]
+        chosen = {"_selected_action": [rows.get(direction="consume").pk]}
+        purged = admin_client.post(
+            "/admin/outboxer/deadletter/", {"action": "purge", **chosen}, follow=True
+        )
+        assert "Deleted 1 dead letter(s)" in purged.content.decode()
+        assert list(rows.values_list("direction", flat=True)) == ["publish"]
+
         purge = {
             "action": "purge",
             "_selected_action": [d.pk for d in DeadLetter.objects.using(alias).all()],
@@ -247,6 +259,32 @@ def test_dead_letters_in_the_admin_replay_and_delete(alias: str, admin_client: A
         purged = admin_client.post("/admin/outboxer/deadletter/", purge, follow=True)
         assert "Deleted 2 dead letter(s)" in purged.content.decode()
         assert not DeadLetter.objects.using(alias).exists()
+
+
+def consume_dead_letter(alias: str, message_id: str) -> None:
+    """A consumer of ``alias``'s outbox database gives up on ``message_id`` at once."""
+    from outboxer.inbox import consume
+    from outboxer.integrations.django import outbox
+    from outboxer.message import Message
+    from outboxer.ports import ConsumeFailure
+    from outboxer.stores import open_store
+
+    async def failing(message: Message, connection: Any, attempt: int) -> None:
+        raise RuntimeError("the mail server said no")
+
+    async def give_up() -> list[str]:
+        async with open_store(database_url(alias), outbox().names) as store:
+            received = Message(id=message_id, topic="orders", payload=b"{}")
+            return await consume(
+                store,
+                "mailer",
+                [received],
+                failing,
+                on_failure=lambda m, attempts, error: ConsumeFailure(str(error), None),
+                retention_seconds=60,
+            )
+
+    assert asyncio.run(give_up()) == ["dead"]
 
 
 def test_the_last_migration_reaches_the_schema_this_outboxer_expects() -> None:

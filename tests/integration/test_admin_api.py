@@ -274,8 +274,8 @@ async def test_an_id_with_a_publish_and_a_consume_dead_letter_shows_either_and_r
     admin: Client, make_dead: MakeDead, pg_store: PostgresStore
 ) -> None:
     """A service consuming what it publishes can fail on one id both ways: both are listed,
-    ``direction`` chooses which one ``GET`` shows (the newer without it), and replaying the id
-    replays both, each its own way."""
+    ``direction`` chooses which one ``GET`` shows (the newer without it) and narrows lists and
+    bulk actions; replaying the id replays whatever it names, each its own way."""
     (dead_id,) = await make_dead("orders", 1)
 
     async def failing(message: Message, connection: Any, attempt: int) -> None:
@@ -307,12 +307,22 @@ async def test_an_id_with_a_publish_and_a_consume_dead_letter_shows_either_and_r
     assert "no consume dead letter with id 'nope'" in assert_problem(missing, 404)
     assert await snapshot(pg_store) == before
 
-    response = await admin.post(f"/api/deadletters/{dead_id}/replay")
+    # Lists and bulk actions narrow by direction.
+    listed = await admin.get("/api/deadletters", params={"direction": "publish"})
+    assert [(d["id"], d["direction"]) for d in listed.json()["items"]] == [(dead_id, "publish")]
+    assert_problem(await admin.get("/api/deadletters", params={"direction": "both"}), 422)
+    body = {"ids": [dead_id], "direction": "consume"}
+    response = await admin.post("/api/deadletters/replay", json=body)
+    assert response.json() == {"replayed": [dead_id], "count": 1, "not_found": []}
+    stats = await pg_store.stats()
+    assert (stats.pending, stats.dead_letters) == (0, 1)  # re-driven to the consumer only
+    assert [(f.retrying, f.waiting) for f in stats.consume_failures] == [(0, 1)]
+
+    response = await admin.post(f"/api/deadletters/{dead_id}/replay")  # what is left of the id
     assert response.status_code == 200
     assert response.json() == {"replayed": [dead_id], "count": 1, "not_found": []}
     stats = await pg_store.stats()
-    assert (stats.pending, stats.dead_letters) == (1, 0)  # back in the outbox, and re-driven
-    assert [(f.retrying, f.waiting) for f in stats.consume_failures] == [(0, 1)]
+    assert (stats.pending, stats.dead_letters) == (1, 0)  # back in the outbox
 
 
 async def test_stats_are_the_figures_of_the_cli(
@@ -621,6 +631,11 @@ BAD_REQUESTS = [
     ("POST", "/api/deadletters/replay", b'{"topic": ""}', 422),
     ("POST", "/api/deadletters/purge", b"{}", 422),
     ("POST", "/api/deadletters/purge", b'{"key": null}', 422),
+    ("POST", "/api/deadletters/replay", b'{"direction": "both"}', 422),
+    ("POST", "/api/deadletters/purge", b'{"direction": null}', 422),
+    ("POST", "/api/deadletters/purge", b'{"direction": "consume", "ids": []}', 422),
+    ("GET", "/api/deadletters?direction=Publish", None, 422),
+    ("GET", "/api/deadletters/no-such-id?direction=consume", None, 404),
     ("PUT", "/api/stats", None, 405),
     ("GET", "/api/nothing-here", None, 404),
 ]

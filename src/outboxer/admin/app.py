@@ -239,9 +239,11 @@ def _refuse_unknown_parameters(request: Request, *known: str) -> None:
         raise _unprocessable(["query", unknown[0]], "unknown query parameter")
 
 
-def _list_filter(request: Request, text: TextFilters) -> DeadLetterFilter:
-    _refuse_unknown_parameters(request, *text)
-    return DeadLetterFilter(**text)
+def _list_filter(
+    request: Request, text: TextFilters, direction: Direction | None = None
+) -> DeadLetterFilter:
+    _refuse_unknown_parameters(request, "direction", *text)
+    return DeadLetterFilter(direction=direction, **text)
 
 
 def _message_filter(
@@ -600,9 +602,11 @@ def _unprocessable(loc: Sequence[str], message: str) -> RequestValidationError:
 async def _bulk_filter(store: AdminStore, body: DeadLetterFilterBody) -> DeadLetterFilter:
     """The store filter for a bulk body; with ``ids``, refuse (404) unless all exist."""
     if body.ids is None:
-        return DeadLetterFilter(topic=body.topic, type=body.type, key=body.key)
+        return DeadLetterFilter(
+            topic=body.topic, type=body.type, key=body.key, direction=body.direction
+        )
     ids = list(dict.fromkeys(body.ids))
-    flt = DeadLetterFilter(ids=ids)
+    flt = DeadLetterFilter(ids=ids, direction=body.direction)
     missing = sorted(set(ids) - await store.known_dead_letter_ids(ids))
     if missing:
         raise NotFound(f"no dead letter with id {', '.join(repr(i) for i in missing[:10])}")

@@ -165,7 +165,9 @@ class DeadLetterFilterBody(BaseModel):
 
     Exactly one way of choosing must be given, so that acting on *everything* is always
     explicit: ``{"ids": [...]}``, or any of ``topic``/``type``/``key`` (combined with AND), or
-    ``{"all": true}``. An empty body or an unknown field is refused with 422.
+    ``{"all": true}``. ``direction`` (``publish``/``consume``) narrows any of them; alone it
+    chooses every dead letter of that direction. An empty body or an unknown field is refused
+    with 422.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -176,15 +178,16 @@ class DeadLetterFilterBody(BaseModel):
     ids: Annotated[list[Text], Field(min_length=1, max_length=MAX_IDS)] | None = None
     # Strict: "yes", 1 or "on" must not select every dead letter by accident.
     all: StrictBool = False
+    direction: Literal["publish", "consume"] | None = None
 
     @model_validator(mode="after")
     def _one_way_of_choosing(self) -> DeadLetterFilterBody:
         by_filter = any(v is not None for v in (self.topic, self.type, self.key))
         chosen = int(by_filter) + int(self.ids is not None) + int(self.all)
-        if chosen == 0:
+        if chosen == 0 and self.direction is None:
             raise ValueError(
-                'choose dead letters: {"ids": [...]}, a filter {"topic"/"type"/"key": ...}, '
-                'or {"all": true}'
+                'choose dead letters: {"ids": [...]}, a filter {"topic"/"type"/"key"/'
+                '"direction": ...}, or {"all": true}'
             )
         if chosen > 1:
             raise ValueError('give only one of "ids", a topic/type/key filter, or "all"')

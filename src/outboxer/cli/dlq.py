@@ -48,9 +48,18 @@ def _print_dead_letters(items: list[DeadLetter]) -> None:
         )
 
 
+#: ``--direction`` of list, replay and purge: publish or consume dead letters only.
+direction_option = click.option(
+    "--direction",
+    type=click.Choice(["publish", "consume"]),
+    help="Only publish or only consume dead letters (an id may have one of each).",
+)
+
+
 @dlq.command("list")
 @database_options
 @filter_options
+@direction_option
 @page_options
 @json_option
 def dlq_list(**values: Any) -> None:
@@ -74,13 +83,21 @@ def dlq_show(dead_letter_id: str, direction: Direction | None, **values: Any) ->
 
 def _bulk_filter(values: dict[str, Any]) -> DeadLetterFilter:
     """Take the dead-letter IDs, ``--all`` or ``--topic``/``--type``/``--key`` out of a
-    command's ``values``: exactly one of them chooses what is acted on."""
+    command's ``values``: exactly one of them chooses what is acted on; ``--direction`` narrows
+    any of them (alone, it chooses every dead letter of that direction)."""
     ids, all_ = values.pop("ids"), values.pop("all_")
     topic, type_, key = values.pop("topic"), values.pop("type_"), values.pop("key")
+    direction = values.pop("direction")
     chosen = bool(ids) + all_ + any(v is not None for v in (topic, type_, key))
+    if chosen == 0 and direction is not None:
+        chosen = 1
     if chosen != 1:
-        fail("give dead-letter IDs, or --all, or a filter (--topic/--type/--key)", EXIT_USAGE)
-    return DeadLetterFilter(topic=topic, type=type_, key=key, ids=list(ids) if ids else None)
+        fail(
+            "give dead-letter IDs, or --all, or a filter (--topic/--type/--key/--direction)",
+            EXIT_USAGE,
+        )
+    ids_ = list(ids) if ids else None
+    return DeadLetterFilter(topic=topic, type=type_, key=key, ids=ids_, direction=direction)
 
 
 def _bulk(
@@ -167,7 +184,8 @@ async def _bulk_in_chunks(
         for start in range(0, len(ids), BULK_CHUNK):
             chunk = ids[start : start + BULK_CHUNK]
             try:
-                done.extend(await action(store, DeadLetterFilter(ids=chunk)))
+                chosen = DeadLetterFilter(ids=chunk, direction=flt.direction)
+                done.extend(await action(store, chosen))
             except OutboxerError as exc:
                 raise OutboxerError(
                     f"{exc} ({verb} {len(done)} of {len(ids)} before this failure; run the "
@@ -182,6 +200,7 @@ async def _bulk_in_chunks(
 @click.argument("ids", nargs=-1, callback=stored_text)
 @click.option("--all", "all_", is_flag=True, help="Every dead letter.")
 @filter_options
+@direction_option
 @json_option
 def dlq_replay(**values: Any) -> None:
     """Move dead letters back to the outbox (same id, attempts reset)."""
@@ -194,6 +213,7 @@ def dlq_replay(**values: Any) -> None:
 @click.argument("ids", nargs=-1, callback=stored_text)
 @click.option("--all", "all_", is_flag=True, help="Every dead letter.")
 @filter_options
+@direction_option
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 def dlq_purge(yes: bool, **values: Any) -> None:

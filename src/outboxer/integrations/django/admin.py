@@ -11,6 +11,7 @@ is edited or added by hand.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,18 +20,26 @@ from django.contrib import admin, messages
 from outboxer.cli._common import with_store
 from outboxer.integrations.django.conf import database_url, outbox
 from outboxer.integrations.django.models import DeadLetter
-from outboxer.ports import AdminStore, DeadLetterFilter
+from outboxer.ports import AdminStore, DeadLetterFilter, Direction
 
 
 def _on_store(
     queryset: Any, action: Callable[[AdminStore, DeadLetterFilter], Awaitable[list[str]]]
 ) -> tuple[int, int]:
-    """Run ``action`` on the store for the selected dead letters' ids: (ids selected, ids
-    done). An id names both its dead letters when it has two (one publish, one consume)."""
-    ids = list(dict.fromkeys(str(i) for i in queryset.values_list("message_id", flat=True)))
-    flt = DeadLetterFilter(ids=ids)
-    done = with_store(lambda store: action(store, flt), database_url(queryset.db), outbox().names)
-    return len(ids), len(done)
+    """Run ``action`` on the store for the selected dead letters: (selected, done). Each is
+    chosen by its id and direction (an id may have a publish and a consume dead letter)."""
+    chosen: dict[Direction, list[str]] = defaultdict(list)
+    for message_id, direction in queryset.values_list("message_id", "direction"):
+        chosen[direction].append(str(message_id))
+
+    async def act(store: AdminStore) -> int:
+        done = 0
+        for direction, ids in chosen.items():
+            done += len(await action(store, DeadLetterFilter(ids=ids, direction=direction)))
+        return done
+
+    done = with_store(act, database_url(queryset.db), outbox().names)
+    return sum(len(ids) for ids in chosen.values()), done
 
 
 @admin.register(DeadLetter)

@@ -38,6 +38,7 @@ def filter_args(flt: DeadLetterFilter) -> dict[str, Any]:
         "type": flt.type,
         "key": flt.key,
         "by_id": flt.ids is not None,
+        "direction": flt.direction,
         # "IN ()" is not SQL: with no ids, a value no id can equal (ids are non-empty)
         "ids": ids or ("",),
     }

@@ -39,7 +39,12 @@ class PostgresDeadLetters(PostgresPart, DeadLetterViews):
         async with self.db.connection() as conn:
             return list(
                 await conn.fetch(
-                    self.q["list_dead_letters"], *_filter_args(flt), after, limit, budget
+                    self.q["list_dead_letters"],
+                    *_filter_args(flt),
+                    after,
+                    limit,
+                    budget,
+                    flt.direction,
                 )
             )
 
@@ -60,7 +65,7 @@ class PostgresDeadLetters(PostgresPart, DeadLetterViews):
         ids: list[str] = []
         async with self.db.transaction() as conn:
             for query in queries:
-                rows = await conn.fetch(self.q[query], *_filter_args(flt))
+                rows = await conn.fetch(self.q[query], *_filter_args(flt), flt.direction)
                 ids.extend(r["id"] for r in rows)
         return unique(ids)
 

@@ -85,4 +85,5 @@ def _filter_params(flt: DeadLetterFilter) -> dict[str, Any]:
         "type": flt.type,
         "key": flt.key,
         "ids": json.dumps(list(flt.ids)) if flt.ids is not None else None,
+        "direction": flt.direction,
     }

@@ -320,6 +320,7 @@ FROM (
           AND (%(type)s IS NULL OR type = %(type)s)
           AND (%(key)s IS NULL OR `key` = %(key)s)
           AND (NOT %(by_id)s OR id IN %(ids)s)
+          AND (%(direction)s IS NULL OR direction = %(direction)s)
           AND (%(after)s IS NULL OR dl_seq < %(after)s)
         ORDER BY dl_seq DESC
         LIMIT %(limit)s
@@ -338,6 +339,7 @@ WHERE (%(topic)s IS NULL OR topic = %(topic)s)
   AND (%(type)s IS NULL OR type = %(type)s)
   AND (%(key)s IS NULL OR `key` = %(key)s)
   AND (NOT %(by_id)s OR id IN %(ids)s)
+  AND (%(direction)s IS NULL OR direction = %(direction)s)
 ORDER BY dl_seq
 FOR UPDATE
 

@@ -438,6 +438,7 @@ FROM (
           AND ($3::text IS NULL OR key = $3)
           AND ($4::text[] IS NULL OR id = ANY($4))
           AND ($5::bigint IS NULL OR dl_seq < $5)
+          AND ($8::text IS NULL OR direction = $8)
         ORDER BY dl_seq DESC
         LIMIT $6
     ) candidates
@@ -455,6 +456,7 @@ WITH moved AS (
       AND ($2::text IS NULL OR type = $2)
       AND ($3::text IS NULL OR key = $3)
       AND ($4::text[] IS NULL OR id = ANY($4))
+      AND ($5::text IS NULL OR direction = $5)
       AND direction = 'publish'
       AND NOT EXISTS (SELECT 1 FROM {outbox} o WHERE o.id = d.id)
     RETURNING *
@@ -470,6 +472,7 @@ WHERE ($1::text IS NULL OR topic = $1)
   AND ($2::text IS NULL OR type = $2)
   AND ($3::text IS NULL OR key = $3)
   AND ($4::text[] IS NULL OR id = ANY($4))
+  AND ($5::text IS NULL OR direction = $5)
 RETURNING id
 
 -- name: list_messages
@@ -663,6 +666,7 @@ WITH moved AS (
       AND ($2::text IS NULL OR type = $2)
       AND ($3::text IS NULL OR key = $3)
       AND ($4::text[] IS NULL OR id = ANY($4))
+      AND ($5::text IS NULL OR direction = $5)
       AND direction = 'consume'
     RETURNING id, dl_seq
 ), revived AS (

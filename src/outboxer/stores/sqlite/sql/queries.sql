@@ -218,6 +218,7 @@ ORDER BY r.started_at
 AND (:type IS NULL OR type = :type)
 AND (:key IS NULL OR key = :key)
 AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
+AND (:direction IS NULL OR direction = :direction)
 
 -- name: known_dead_letter_ids
 SELECT id FROM {dead_letters} WHERE id IN (SELECT value FROM json_each(:ids))
