@@ -107,6 +107,30 @@ async def wait_past_commit_gate(store: PostgresStore, timeout: float = 60.0) -> 
         await asyncio.sleep(0.005)
 
 
+async def give_up_on(
+    store: Any, message_id: str, *, consumer: str = "mailer", payload: bytes = b"{}"
+) -> None:
+    """A consumer of ``store`` fails on ``message_id`` (topic ``orders``) and gives up at once:
+    a consume dead letter, as ``outboxer consume`` writes one."""
+    from outboxer.inbox import consume
+    from outboxer.message import Message
+    from outboxer.ports import ConsumeFailure
+
+    async def failing(message: Message, connection: Any, attempt: int) -> None:
+        raise RuntimeError("the mail server said no")
+
+    received = Message(id=message_id, topic="orders", payload=payload)
+    outcomes = await consume(
+        store,
+        consumer,
+        [received],
+        failing,
+        on_failure=lambda message, attempts, error: ConsumeFailure(str(error), None),
+        retention_seconds=60,
+    )
+    assert outcomes == ["dead"]
+
+
 async def redis_stream_entries(stream: str, page: int = 2000) -> list[tuple[bytes, Any]]:
     """Every entry of a Redis stream, oldest first, read in pages: one XRANGE of tens of
     thousands of entries outlasts redis-py's default 5 s socket timeout (redis-py 8) on a slow

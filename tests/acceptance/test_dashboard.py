@@ -30,6 +30,7 @@ from outboxer.outbox import Outbox
 from outboxer.ports import ClaimRequest, ConsumeFailure, DeadLetterFilter, RelayInfo, Settlement
 from outboxer.stores.postgres import PostgresStore
 from tests.acceptance.conftest import OUTBOXER, ROOT, Cli, assert_one_line_error
+from tests.conftest import give_up_on
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -467,20 +468,7 @@ async def test_an_id_dead_lettered_both_ways_shows_two_rows_each_inspected_as_it
     per direction, and Inspect on each row shows that row's dead letter (the API gives the
     newer one unless told the direction)."""
     target = dead_letters[0]
-
-    async def mail(message: Message, connection: Any, attempt: int) -> None:
-        raise RuntimeError("the mail server said no")
-
-    received = Message(id=target, topic="orders", payload=b'{"received": true}')
-    outcomes = await consume(
-        pg_store,
-        "mailer",
-        [received],
-        mail,
-        on_failure=lambda message, attempts, error: ConsumeFailure(str(error), None),
-        retention_seconds=60,
-    )
-    assert outcomes == ["dead"]
+    await give_up_on(pg_store, target, payload=b'{"received": true}')
     server = serve(token=None)  # reads only
     page, problems = await open_page(browser, server.url + "/")
     await page.locator("#dead-letters tbody tr").nth(4).wait_for()

@@ -40,7 +40,7 @@ from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore
 from tests.acceptance.conftest import OUTBOXER, ROOT
-from tests.conftest import mysql_connect
+from tests.conftest import give_up_on, mysql_connect
 
 TOKEN = "test-admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -277,20 +277,7 @@ async def test_an_id_with_a_publish_and_a_consume_dead_letter_shows_either_and_r
     ``direction`` chooses which one ``GET`` shows (the newer without it) and narrows lists and
     bulk actions; replaying the id replays whatever it names, each its own way."""
     (dead_id,) = await make_dead("orders", 1)
-
-    async def failing(message: Message, connection: Any, attempt: int) -> None:
-        raise RuntimeError("the mail server said no")
-
-    received = Message(id=dead_id, topic="orders", payload=b'{"n": 1}')
-    outcomes = await consume(
-        pg_store,
-        "mailer",
-        [received],
-        failing,
-        on_failure=lambda message, attempts, error: ConsumeFailure(str(error), None),
-        retention_seconds=60,
-    )
-    assert outcomes == ["dead"]
+    await give_up_on(pg_store, dead_id)
     listed = (await admin.get("/api/deadletters")).json()["items"]
     assert [(d["id"], d["direction"]) for d in listed] == [
         (dead_id, "consume"),

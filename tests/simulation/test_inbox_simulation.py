@@ -18,15 +18,12 @@ failure prints).
 
 from __future__ import annotations
 
-import collections
 import os
-import tempfile
-import time
-from pathlib import Path
 
 import pytest
 
-from tests.simulation.inbox_world import InboxOutcome, run_inbox_scenario
+from tests.simulation.conftest import scan
+from tests.simulation.inbox_world import run_inbox_scenario
 
 SCENARIOS = int(os.environ.get("OUTBOXER_SIM_SCENARIOS", 600))
 CHUNKS = 4
@@ -41,31 +38,8 @@ def seeds(chunk: int) -> range | list[int]:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("chunk", range(CHUNKS))
-def test_seeded_consumer_scenarios_keep_the_guarantees(chunk: int, tmp_path: Path) -> None:
-    started = time.monotonic()
-    outcomes: list[InboxOutcome] = []
-    failures: list[str] = []
-    where = "/dev/shm" if Path("/dev/shm").is_dir() else tmp_path
-    for seed in seeds(chunk):
-        with tempfile.TemporaryDirectory(dir=where) as workdir:
-            outcome = run_inbox_scenario(seed, Path(workdir))
-        outcomes.append(outcome)
-        if outcome.violations:
-            failures.append(
-                f"seed {seed}: {'; '.join(outcome.violations[:5])}\n"
-                f"    reproduce: OUTBOXER_SIM_SEED={seed} pytest tests/simulation -k consumer"
-            )
-    events: collections.Counter[str] = collections.Counter()
-    for outcome in outcomes:
-        events.update(outcome.tally)
-    print(
-        f"\nconsumer chunk {chunk}: {len(outcomes)} scenarios, "
-        f"{sum(o.messages for o in outcomes)} messages, "
-        f"{sum(o.virtual_seconds for o in outcomes) / 3600:.0f} virtual hours in "
-        f"{time.monotonic() - started:.1f} s; violations: {len(failures)}; "
-        + ", ".join(f"{kind}: {n}" for kind, n in sorted(events.items()))
-    )
-    assert not failures, "\n".join(failures)
+def test_seeded_consumer_scenarios_keep_the_guarantees(chunk: int) -> None:
+    events = scan(f"consumer chunk {chunk}", seeds(chunk), run_inbox_scenario, "consumer")
     if ONE_SEED is None:  # the faults the scenarios are for did happen
         for kind in (
             "process killed at a random instant",

@@ -16,15 +16,14 @@ SQLite: about 70 s on 2 cores with ``-n 2``);
 
 from __future__ import annotations
 
-import collections
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.simulation.world import Outcome, run_scenario
+from tests.simulation.conftest import scan
+from tests.simulation.world import run_scenario
 
 #: Seeds per store in one run: SQLite scenarios cost about three in-memory ones.
 SCENARIOS = {"memory": 1600, "sqlite": 240}
@@ -43,32 +42,13 @@ def seeds(store: str, chunk: int) -> range | list[int]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("store", ["memory", "sqlite"])
 @pytest.mark.parametrize("chunk", range(CHUNKS))
-def test_seeded_scenarios_keep_the_guarantees(store: str, chunk: int, tmp_path: Path) -> None:
-    started = time.monotonic()
-    outcomes: list[Outcome] = []
-    failures: list[str] = []
-    # SQLite files in memory when the machine has a tmpfs: the scenarios commit a lot.
-    where = "/dev/shm" if Path("/dev/shm").is_dir() else tmp_path
-    for seed in seeds(store, chunk):
-        with tempfile.TemporaryDirectory(dir=where) as workdir:
-            outcome = run_scenario(seed, store, Path(workdir))
-        outcomes.append(outcome)
-        if outcome.violations:
-            failures.append(
-                f"seed {seed}: {'; '.join(outcome.violations[:5])}\n"
-                f"    reproduce: OUTBOXER_SIM_SEED={seed} pytest tests/simulation -k {store}"
-            )
-    faults: collections.Counter[str] = collections.Counter()
-    for outcome in outcomes:
-        faults.update(outcome.tally)
-    print(
-        f"\n{store} chunk {chunk}: {len(outcomes)} scenarios, "
-        f"{sum(o.messages for o in outcomes)} messages, "
-        f"{sum(o.virtual_seconds for o in outcomes) / 3600:.0f} virtual hours in "
-        f"{time.monotonic() - started:.1f} s; violations: {len(failures)}; "
-        + ", ".join(f"{kind}: {n}" for kind, n in sorted(faults.items()))
+def test_seeded_scenarios_keep_the_guarantees(store: str, chunk: int) -> None:
+    scan(
+        f"{store} chunk {chunk}",
+        seeds(store, chunk),
+        lambda seed, workdir: run_scenario(seed, store, workdir),
+        store,
     )
-    assert not failures, "\n".join(failures)
 
 
 #: Seeds beyond the default ranges that once found a bug, run on every test run.
