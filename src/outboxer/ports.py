@@ -29,7 +29,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
-from outboxer.errors import PublishError, StoreError
+from outboxer.errors import NotFound, PublishError, StoreError
 from outboxer.message import Message, storable_text
 
 __all__ = [
@@ -43,6 +43,8 @@ __all__ = [
     "DeadLetterFilter",
     "DeadLetterPage",
     "DeadLetterStore",
+    "dead_letter_ids",
+    "dead_letter_not_found",
     "DatabaseStore",
     "FailurePolicy",
     "failure_reason",
@@ -517,6 +519,25 @@ class DeadLetterStore(Protocol):
     async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         """Delete matching dead letters; return their ids."""
         ...
+
+
+def dead_letter_not_found(dead_letter_id: str, direction: Direction | None) -> NotFound:
+    """The error of a dead letter that is not there (of ``direction``, if given)."""
+    kind = "dead letter" if direction is None else f"{direction} dead letter"
+    return NotFound(f"no {kind} with id {dead_letter_id!r}")
+
+
+async def dead_letter_ids(store: DeadLetterStore, flt: DeadLetterFilter) -> list[str]:
+    """The ids of every dead letter ``flt`` selects, newest first, each once (page after page).
+    After a replay, those it left: publish dead letters whose id is in the outbox again."""
+    ids: dict[str, None] = {}
+    cursor = None
+    while True:
+        page = await store.list_dead_letters(flt, limit=1000, cursor=cursor)
+        ids.update(dict.fromkeys(d.id for d in page.items))
+        cursor = page.next_cursor
+        if cursor is None:
+            return list(ids)
 
 
 #: Where a message not yet published stands, judged in this order:

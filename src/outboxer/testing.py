@@ -50,7 +50,6 @@ from outboxer.ports import (
 )
 from outboxer.stores._common import (
     check_limit,
-    dead_letter_not_found,
     decode_headers,
     envelope_of,
     message_not_found,
@@ -397,7 +396,7 @@ class InMemoryStore:
             v for (i, d), v in self._dead.items() if i == dead_letter_id and direction in (None, d)
         ]
         if not found:
-            raise dead_letter_not_found(dead_letter_id, direction)
+            raise ports.dead_letter_not_found(dead_letter_id, direction)
         return max(found, key=lambda v: v[0])[1]  # the newer of the id's two
 
     def _outbox_message(

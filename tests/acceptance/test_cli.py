@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import json
@@ -17,8 +18,10 @@ import pymysql
 import pytest
 
 import outboxer
-from outboxer.stores import _sql
+from outboxer.config import TableNames
+from outboxer.stores import _sql, open_store
 from tests.acceptance.conftest import Cli, assert_one_line_error, lines
+from tests.conftest import give_up_on
 
 INPROCESS = "inprocess://tests.acceptance.handlers:registry"
 RELAY = ["--database-url", "sqlite:///UPGRADED", "--broker", INPROCESS]
@@ -61,6 +64,11 @@ class Database:
             conn.commit()
         finally:
             conn.close()
+
+    async def give_up_on(self, message_id: str) -> None:
+        """A consumer of this database gives up on ``message_id``: a consume dead letter."""
+        async with open_store(self.url, TableNames(schema=self.schema)) as store:
+            await give_up_on(store, message_id)
 
     def write(self, count: int, *, poison: int = 0) -> list[str]:
         """``count`` orders of their own keys, then ``poison`` messages handlers reject."""
@@ -244,11 +252,14 @@ def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, database: Datab
     for command, done in ((["replay"], "replayed"), (["purge", "--yes"], "purged")):
         typo = cli("dlq", *command, *db, poison[0], "no-such-id", "--json")
         assert typo.returncode == 1 and "no dead letter with id no-such-id" in typo.stderr
-        assert json.loads(typo.stdout) == {done: [], "count": 0, "not_found": ["no-such-id"]}
+        expected = {done: [], "count": 0, "not_found": ["no-such-id"]}
+        assert json.loads(typo.stdout) == expected | (
+            {"skipped": []} if command == ["replay"] else {}
+        )
     assert json.loads(cli("stats", *db, "--json").stdout)["dead_letters"] == 3
 
     replayed = json.loads(cli("dlq", "replay", *db, poison[0], "--json").stdout)
-    assert replayed == {"replayed": [poison[0]], "count": 1, "not_found": []}
+    assert replayed == {"replayed": [poison[0]], "count": 1, "not_found": [], "skipped": []}
     stats = json.loads(cli("stats", *db, "--json").stdout)
     assert (stats["pending"], stats["dead_letters"]) == (1, 2)
     # The application writes a dead letter's id anew: replaying it is refused, by name.
@@ -257,6 +268,17 @@ def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, database: Datab
     again = cli("dlq", "replay", *db, poison[1])
     assert again.returncode == 1 and "in the outbox again" in again.stderr
     assert "no dead letter" not in again.stderr
+    # ... also when a consumer gave up on that id too, whose consume dead letter is replayed
+    # (found by a probe: the skip went unsaid, exit 0).
+    asyncio.run(database.give_up_on(poison[1]))
+    both = cli("dlq", "replay", *db, poison[1], "--json")
+    assert both.returncode == 1 and "in the outbox again" in both.stderr
+    assert json.loads(both.stdout) == {
+        "replayed": [poison[1]],
+        "count": 1,
+        "not_found": [],
+        "skipped": [poison[1]],
+    }
 
     purged = cli("dlq", "purge", *db, "--topic", "audit", "--yes")
     assert purged.returncode == 0 and "purged 2" in purged.stdout

@@ -29,6 +29,7 @@ from outboxer.outbox import Outbox
 from outboxer.ports import (
     ClaimRequest,
     ConsumeFailure,
+    DeadLetterFilter,
     OutboxStats,
     RelayInfo,
     Retry,
@@ -300,16 +301,55 @@ async def test_an_id_with_a_publish_and_a_consume_dead_letter_shows_either_and_r
     assert_problem(await admin.get("/api/deadletters", params={"direction": "both"}), 422)
     body = {"ids": [dead_id], "direction": "consume"}
     response = await admin.post("/api/deadletters/replay", json=body)
-    assert response.json() == {"replayed": [dead_id], "count": 1, "not_found": []}
+    assert response.json() == {"replayed": [dead_id], "count": 1, "not_found": [], "skipped": []}
     stats = await pg_store.stats()
     assert (stats.pending, stats.dead_letters) == (0, 1)  # re-driven to the consumer only
     assert [(f.retrying, f.waiting) for f in stats.consume_failures] == [(0, 1)]
 
     response = await admin.post(f"/api/deadletters/{dead_id}/replay")  # what is left of the id
     assert response.status_code == 200
-    assert response.json() == {"replayed": [dead_id], "count": 1, "not_found": []}
+    assert response.json() == {"replayed": [dead_id], "count": 1, "not_found": [], "skipped": []}
     stats = await pg_store.stats()
     assert (stats.pending, stats.dead_letters) == (1, 0)  # back in the outbox
+
+
+async def test_an_id_back_in_the_outbox_with_both_dead_letters_is_replayed_whole_or_not_at_all(
+    admin: Client, make_dead: MakeDead, pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    """Found by a probe: the id's consume dead letter was replayed, its publish one silently
+    skipped (the application had written the id anew), and the answer was a plain 200; DELETE
+    and replay of one dead letter ignored ``?direction=`` and acted on both."""
+    (dead_id,) = await make_dead("orders", 1)
+    await give_up_on(pg_store, dead_id)
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await Outbox(schema=pg_schema).enqueue_async(conn, "orders", {"anew": 1}, id=dead_id)
+    finally:
+        await conn.close()
+    before = await snapshot(pg_store)
+    refused = await admin.post(f"/api/deadletters/{dead_id}/replay")
+    assert "in the outbox again" in assert_problem(refused, 409)
+    assert await snapshot(pg_store) == before  # neither of the two replayed
+    # The bulk form replays what it can and names what it skipped.
+    response = await admin.post("/api/deadletters/replay", json={"ids": [dead_id]})
+    assert response.json() == {
+        "replayed": [dead_id],
+        "count": 1,
+        "not_found": [],
+        "skipped": [dead_id],
+    }
+    page = await pg_store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)
+    assert [(d.id, d.direction) for d in page.items] == [(dead_id, "publish")]
+    # One dead letter by direction: the consume one is gone, the publish one is deleted alone.
+    missing = await admin.delete(f"/api/deadletters/{dead_id}", params={"direction": "consume"})
+    assert "no consume dead letter" in assert_problem(missing, 404)
+    await give_up_on(pg_store, dead_id, consumer="billing")  # another consumer gives up
+    response = await admin.delete(f"/api/deadletters/{dead_id}", params={"direction": "publish"})
+    assert response.json() == {"purged": [dead_id], "count": 1, "not_found": []}
+    page = await pg_store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)
+    assert [(d.id, d.direction) for d in page.items] == [(dead_id, "consume")]
+    response = await admin.post(f"/api/deadletters/{dead_id}/replay", params={"direction": "x"})
+    assert_problem(response, 422)
 
 
 async def test_stats_are_the_figures_of_the_cli(
@@ -383,7 +423,7 @@ async def test_replay_one_moves_it_back_to_the_outbox_with_its_id_and_attempts_r
     before = await pg_store.stats()
     response = await admin.post(f"/api/deadletters/{target}/replay")
     assert response.status_code == 200, response.text
-    assert response.json() == {"replayed": [target], "count": 1, "not_found": []}
+    assert response.json() == {"replayed": [target], "count": 1, "not_found": [], "skipped": []}
     after = await pg_store.stats()
     assert (after.pending, after.dead_letters) == (before.pending + 1, before.dead_letters - 1)
     claim = await pg_store.claim_batch(
@@ -1186,7 +1226,12 @@ async def test_the_api_on_mariadb(
         assert (shown["key"], shown["attempts"], shown["payload"]) == ("k0", 1, {"order": 0})
         assert shown["failure_reason"] == f"rejected: {ids[0]}"
         replayed = await client.post(f"/api/deadletters/{ids[0]}/replay")
-        assert replayed.json() == {"replayed": [ids[0]], "count": 1, "not_found": []}
+        assert replayed.json() == {
+            "replayed": [ids[0]],
+            "count": 1,
+            "not_found": [],
+            "skipped": [],
+        }
         assert (await client.delete(f"/api/deadletters/{ids[1]}")).status_code == 200
         assert (await client.get(f"/api/deadletters/{ids[1]}")).status_code == 404
         assert (await client.get("/readyz")).status_code == 503  # no relay is running

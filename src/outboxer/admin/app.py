@@ -73,6 +73,8 @@ from outboxer.ports import (
     MessageState,
     OutboxMessage,
     OutboxStats,
+    dead_letter_ids,
+    dead_letter_not_found,
 )
 from outboxer.urls import redact
 
@@ -341,7 +343,8 @@ async def get_dead_letter(
 )
 async def replay_many(store: StoreDep, body: DeadLetterFilterBody) -> dict[str, Any]:
     flt = await _bulk_filter(store, body)
-    return _bulk_result("replayed", await store.replay_dead_letters(flt), flt)
+    replayed = await store.replay_dead_letters(flt)
+    return _bulk_result("replayed", replayed, flt, await dead_letter_ids(store, flt))
 
 
 @dead_letters.post(
@@ -369,16 +372,33 @@ _BACK_IN_THE_OUTBOX = (
     responses={**_MUTATION_ERRORS, 409: {"model": Problem, "description": "Not replayable."}},
     summary="Replay one dead letter",
 )
-async def replay_one(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str, Any]:
+async def replay_one(
+    store: StoreDep, dead_letter_id: DeadLetterId, direction: Direction | None = None
+) -> dict[str, Any]:
     # NotFound → 404. A publish dead letter goes back to the outbox; a consume dead letter is
-    # re-driven to the consumer(s) that gave up on it (the store does either).
-    await store.get_dead_letter(dead_letter_id)
-    flt = DeadLetterFilter(ids=[dead_letter_id])
+    # re-driven to the consumer(s) that gave up on it (the store does either). An id may have
+    # both (``direction`` chooses one): if its publish dead letter cannot go back, neither is
+    # replayed (409), rather than half of what the id names.
+    await store.get_dead_letter(dead_letter_id, direction)
+    if direction != "consume" and await _back_in_the_outbox(store, dead_letter_id):
+        raise HTTPException(409, _BACK_IN_THE_OUTBOX)
+    flt = DeadLetterFilter(ids=[dead_letter_id], direction=direction)
     replayed = await store.replay_dead_letters(flt)
     if not replayed:
-        await store.get_dead_letter(dead_letter_id)  # deleted or replayed meanwhile → 404
+        await store.get_dead_letter(dead_letter_id, direction)  # gone meanwhile → 404
         raise HTTPException(409, _BACK_IN_THE_OUTBOX)
-    return _bulk_result("replayed", replayed, flt)
+    return _bulk_result("replayed", replayed, flt, await dead_letter_ids(store, flt))
+
+
+async def _back_in_the_outbox(store: AdminStore, dead_letter_id: str) -> bool:
+    """Whether the id has a publish dead letter while a message with the id is in the outbox
+    again (a replay leaves such a dead letter where it is)."""
+    try:
+        await store.get_dead_letter(dead_letter_id, "publish")
+        await store.get_message(dead_letter_id)
+    except NotFound:
+        return False
+    return True
 
 
 @dead_letters.delete(
@@ -387,11 +407,14 @@ async def replay_one(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str,
     responses=_MUTATION_ERRORS,
     summary="Discard one dead letter",
 )
-async def delete_one(store: StoreDep, dead_letter_id: DeadLetterId) -> dict[str, Any]:
-    flt = DeadLetterFilter(ids=[dead_letter_id])
+async def delete_one(
+    store: StoreDep, dead_letter_id: DeadLetterId, direction: Direction | None = None
+) -> dict[str, Any]:
+    # Both dead letters of the id when it has two, unless ``direction`` chooses one.
+    flt = DeadLetterFilter(ids=[dead_letter_id], direction=direction)
     purged = await store.purge_dead_letters(flt)
     if not purged:
-        raise NotFound(f"no dead letter with id {dead_letter_id!r}")
+        raise dead_letter_not_found(dead_letter_id, direction)
     return _bulk_result("purged", purged, flt)
 
 
@@ -613,12 +636,18 @@ async def _bulk_filter(store: AdminStore, body: DeadLetterFilterBody) -> DeadLet
     return flt
 
 
-def _bulk_result(verb: str, done: list[str], flt: DeadLetterFilter) -> dict[str, Any]:
-    """The answer of a replay or purge, logged for the audit trail."""
+def _bulk_result(
+    verb: str, done: list[str], flt: DeadLetterFilter, skipped: list[str] | None = None
+) -> dict[str, Any]:
+    """The answer of a replay or purge, logged for the audit trail. A replay also says which
+    dead letters it ``skipped``: still there, as their id is in the outbox again."""
     shown = ", ".join(done[:20]) + (f" (+{len(done) - 20} more)" if len(done) > 20 else "")
     log.info("%s %d dead letter(s): %s", verb, len(done), shown)
-    missing = sorted(set(flt.ids or ()) - set(done))
-    return {verb: done, "count": len(done), "not_found": missing}
+    missing = sorted(set(flt.ids or ()) - set(done) - set(skipped or ()))
+    result: dict[str, Any] = {verb: done, "count": len(done), "not_found": missing}
+    if skipped is not None:
+        result["skipped"] = skipped
+    return result
 
 
 async def _read_stats(store: AdminStore, timeout: float) -> tuple[OutboxStats | None, str]:

@@ -27,7 +27,7 @@ from outboxer.cli.options import (
     stored_text,
 )
 from outboxer.errors import OutboxerError
-from outboxer.ports import AdminStore, DeadLetter, DeadLetterFilter, Direction
+from outboxer.ports import AdminStore, DeadLetter, DeadLetterFilter, Direction, dead_letter_ids
 
 
 @click.group()
@@ -111,7 +111,7 @@ def _bulk(
     as_json: bool = values.pop("as_json")
     progress = not as_json and sys.stderr.isatty()
 
-    async def run(store: AdminStore) -> tuple[list[str], set[str], list[str]]:
+    async def run(store: AdminStore) -> tuple[list[str], list[str], list[str]]:
         """What was done, what a replay skipped, and the ids that name no dead letter."""
         if flt.ids is not None:
             # As the API: an unknown id is refused before anything is done, so a typo in one
@@ -119,29 +119,31 @@ def _bulk(
             known = await store.known_dead_letter_ids(flt.ids)
             unknown = [i for i in dict.fromkeys(flt.ids) if i not in known]
             if unknown:
-                return [], set(), unknown
+                return [], [], unknown
         if progress:
             done = await _bulk_in_chunks(store, verb, action, flt)
         else:
             done = await action(store, flt)
-        missing = sorted(set(flt.ids or ()) - set(done))
-        if not missing or verb != "replayed":
-            return done, set(), missing
-        # A replay skips a dead letter whose id is in the outbox again: it still exists.
-        skipped = await store.known_dead_letter_ids(missing)
-        return done, skipped, [i for i in missing if i not in skipped]
+        # A replay skips a publish dead letter whose id is in the outbox again: what the
+        # filter still selects (an id's consume dead letter may have been replayed meanwhile).
+        skipped = await dead_letter_ids(store, flt) if verb == "replayed" else []
+        return done, skipped, sorted(set(flt.ids or ()) - set(done) - set(skipped))
 
     done, skipped, missing = with_store(run, database_url, names)
     if as_json:
-        click.echo(json.dumps({verb: done, "count": len(done), "not_found": missing}, indent=2))
+        result: dict[str, Any] = {verb: done, "count": len(done), "not_found": missing}
+        if verb == "replayed":
+            result["skipped"] = skipped
+        click.echo(json.dumps(result, indent=2))
     else:
         click.echo(f"{verb} {len(done)} dead letter(s)")
         for i in done:
             click.echo(f"  {printable(i)}")
     if skipped:
+        more = f" (+{len(skipped) - 20} more)" if len(skipped) > 20 else ""
         fail(
-            f"not replayed: {', '.join(sorted(skipped))}: a message with the same id is in the "
-            "outbox again; replay once it is published, or purge the dead letter"
+            f"not replayed: {', '.join(sorted(skipped)[:20])}{more}: a message with the same id "
+            "is in the outbox again; replay once it is published, or purge the dead letter"
             + (f"; no dead letter with id {', '.join(missing)}" if missing else "")
         )
     if missing:
@@ -166,16 +168,7 @@ async def _bulk_in_chunks(
     run. If a chunk fails, the error says how many were done before it; running the command
     again finishes the rest (replayed/purged ones no longer match).
     """
-    if flt.ids is not None:
-        ids = list(dict.fromkeys(flt.ids))
-    else:
-        ids, cursor = [], None
-        while True:
-            page = await store.list_dead_letters(flt, limit=1000, cursor=cursor)
-            ids.extend(d.id for d in page.items)
-            cursor = page.next_cursor
-            if cursor is None:
-                break
+    ids = list(dict.fromkeys(flt.ids)) if flt.ids is not None else await dead_letter_ids(store, flt)
     label = {"replayed": "replaying", "purged": "purging"}.get(verb, verb)
     done: list[str] = []
     with click.progressbar(

@@ -35,6 +35,7 @@ from outboxer.ports import (
     PendingFailure,
     RelayInfo,
     SweepReport,
+    dead_letter_not_found,
 )
 
 
@@ -313,11 +314,6 @@ def dead_letter_page(rows: Sequence[Row], limit: int) -> DeadLetterPage:
     page, more = page_rows(rows, limit)
     next_cursor = str(page[-1]["dl_seq"]) if more else None
     return DeadLetterPage([dead_letter_from_row(r) for r in page], next_cursor)
-
-
-def dead_letter_not_found(dead_letter_id: str, direction: str | None) -> NotFound:
-    kind = "dead letter" if direction is None else f"{direction} dead letter"
-    return NotFound(f"no {kind} with id {dead_letter_id!r}")
 
 
 def unique(ids: Iterable[str]) -> list[str]:

@@ -371,8 +371,8 @@
     actionsCell.appendChild(actions);
     actions.append(
       button("Inspect", "secondary", () => inspect(dead.id, dead.direction)),
-      button("Replay", "", (b) => replay(dead.id, b)),
-      button("Delete", "danger", (b) => remove(dead.id, b)),
+      button("Replay", "", (b) => replay(dead.id, dead.direction, b)),
+      button("Delete", "danger", (b) => remove(dead.id, dead.direction, b)),
     );
     row.appendChild(actionsCell);
     return row;
@@ -386,8 +386,7 @@
   async function inspect(id, direction) {
     let dead;
     try {
-      dead = await api("api/deadletters/" + encodeURIComponent(id)
-        + "?direction=" + encodeURIComponent(direction));
+      dead = await api(oneDeadLetter(id, direction));
     } catch (error) {
       showError(error);
       return;
@@ -429,11 +428,17 @@
     await refresh();
   }
 
-  async function replay(id, control) {
+  // Each row is one dead letter: its id and direction (an id may have one of each).
+  function oneDeadLetter(id, direction, action = "") {
+    return "api/deadletters/" + encodeURIComponent(id) + action
+      + "?direction=" + encodeURIComponent(direction);
+  }
+
+  async function replay(id, direction, control) {
     if (control) control.disabled = true;
     try {
-      await api("api/deadletters/" + encodeURIComponent(id) + "/replay", { method: "POST" });
-      if (selected !== null && selected.id === id) closeDetail();
+      await api(oneDeadLetter(id, direction, "/replay"), { method: "POST" });
+      if (isSelected(id, direction)) closeDetail();
       await afterChange("replayed " + id);
     } catch (error) {
       showError(error, true);
@@ -441,12 +446,12 @@
     }
   }
 
-  async function remove(id, control) {
-    if (!confirm("Delete dead letter " + id + " for good?")) return;
+  async function remove(id, direction, control) {
+    if (!confirm("Delete the " + direction + " dead letter " + id + " for good?")) return;
     if (control) control.disabled = true;
     try {
-      await api("api/deadletters/" + encodeURIComponent(id), { method: "DELETE" });
-      if (selected !== null && selected.id === id) closeDetail();
+      await api(oneDeadLetter(id, direction), { method: "DELETE" });
+      if (isSelected(id, direction)) closeDetail();
       await afterChange("deleted " + id);
     } catch (error) {
       showError(error, true);
@@ -454,8 +459,10 @@
     }
   }
 
-  $("detail-replay").addEventListener("click", () => selected && replay(selected.id, $("detail-replay")));
-  $("detail-delete").addEventListener("click", () => selected && remove(selected.id, $("detail-delete")));
+  $("detail-replay").addEventListener("click",
+    () => selected && replay(selected.id, selected.direction, $("detail-replay")));
+  $("detail-delete").addEventListener("click",
+    () => selected && remove(selected.id, selected.direction, $("detail-delete")));
   $("detail-close").addEventListener("click", closeDetail);
 
   $("replay-filtered").addEventListener("click", async () => {
