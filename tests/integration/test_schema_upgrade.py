@@ -184,3 +184,25 @@ async def test_the_upgrade_to_8_keeps_every_dead_letter_and_lets_an_id_fail_both
             assert page.next_cursor == "4"  # after m-3's number, which was purged
             rest = await store.list_dead_letters(everything, limit=10, cursor=page.next_cursor)
             assert rest.items == before
+
+
+async def test_a_mysql_upgrade_killed_after_its_ddl_can_be_run_again(
+    mysql_url: str, mysql_database: str
+) -> None:
+    """Found by a probe: `db upgrade` killed while MariaDB ran 0008's ALTER (the server finished
+    it, the version was never recorded) left a schema every later upgrade failed on ("Can't DROP
+    INDEX"), and every other command said "run 'outboxer db upgrade'". A DDL statement finds
+    what it would create there (or what it would drop gone) only if it was applied: it is
+    skipped, and the upgrade goes on."""
+    names = TableNames(schema=mysql_database)
+    async with MysqlStore(mysql_url, names) as store:
+        assert await store.migrate(target=7) == list(range(1, 8))
+        [step] = [m for m in _sql.migrations("mysql") if m.version == 8]
+        await store.execute(_sql.render(step.sql, names, quote="`"))  # as the killed upgrade
+        assert await store.migrate() == [8]
+        await store.check_schema()
+        # Every migration: the versions forgotten, as if each upgrade had been killed.
+        await store.execute("DELETE FROM {schema_version} WHERE version > 1")
+        assert await store.migrate() == list(range(2, 9))
+        await store.check_schema()
+        assert await store.migrate() == []

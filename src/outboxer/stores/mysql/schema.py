@@ -2,11 +2,16 @@
 
 MySQL commits every DDL statement on its own, so an upgrade cannot be one transaction as on
 PostgreSQL. Instead upgrades are serialized by a named lock, every migration is safe to run again
-after a failure half-way (see 0001_initial.sql), and a version is recorded only after all of its
-statements succeeded.
+after a failure half-way (see 0001_initial.sql; a DDL statement that meets what it would create,
+or misses what it would drop, was applied by the interrupted run and is skipped), and a version
+is recorded only after all of its statements succeeded.
 """
 
 from __future__ import annotations
+
+import logging
+
+from asyncmy import errors as mysql_errors
 
 from outboxer.errors import SchemaError
 from outboxer.stores import _sql, ddl
@@ -14,6 +19,7 @@ from outboxer.stores._common import check_schema_version
 from outboxer.stores.mysql.connection import (
     Conn,
     MysqlPart,
+    error_code,
     execute,
     fetch_value,
     release_lock,
@@ -23,6 +29,14 @@ __all__ = ["MysqlSchema"]
 
 #: How long ``migrate`` waits for a concurrent upgrade to finish.
 _UPGRADE_LOCK_SECONDS = 300
+
+#: Errors of a DDL statement that an earlier, interrupted upgrade already applied: the table,
+#: column or key is there (1050, 1060, 1061), or the key to drop is gone (1091). MySQL commits
+#: each DDL statement on its own, and one statement is all or nothing, so an upgrade killed
+#: after a statement and before its version was recorded meets exactly these when run again.
+_ALREADY_APPLIED = {1050, 1060, 1061, 1091}
+
+log = logging.getLogger("outboxer.schema")
 
 
 class MysqlSchema(MysqlPart):
@@ -69,7 +83,12 @@ class MysqlSchema(MysqlPart):
         applied: list[int] = []
         for step in ddl.pending("mysql", self.names, current, target):
             for statement in step.statements:
-                await execute(conn, statement)
+                try:
+                    await execute(conn, statement)
+                except mysql_errors.MySQLError as exc:
+                    if error_code(exc) not in _ALREADY_APPLIED:
+                        raise
+                    log.info("schema version %d: already applied (%s)", step.version, exc)
             applied.append(step.version)
         return applied
 
