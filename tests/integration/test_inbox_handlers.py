@@ -23,7 +23,12 @@ import pytest
 import outboxer
 from outboxer.brokers.inprocess.publisher import InProcessPublisher
 from outboxer.config import Backoff
-from outboxer.errors import ConfigurationError, PermanentPublishError, StoreUnavailable
+from outboxer.errors import (
+    ConfigurationError,
+    PermanentPublishError,
+    RetryablePublishError,
+    StoreUnavailable,
+)
 from outboxer.inbox import (
     ConsumerStopping,
     HandlerContext,
@@ -520,6 +525,64 @@ async def test_a_handler_that_raises_cancelled_error_fails_like_any_other(
     ]
     [warning] = [r.getMessage() for r in caplog.records if "attempt 1 of" in r.getMessage()]
     assert "CancelledError" in warning
+
+
+class Escape(BaseException):
+    """A handler's own BaseException."""
+
+
+@pytest.mark.parametrize("thrown", [SystemExit(0), SystemExit(3), KeyboardInterrupt(), Escape()])
+async def test_a_handler_that_raises_a_base_exception_fails_its_message_and_nothing_hangs(
+    thrown: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by a probe: a handler raising ``sys.exit()``, ``KeyboardInterrupt`` or a
+    ``BaseException`` of its own ended the task that stored the batch: the consumer waited for it
+    forever (or exited 0 on ``sys.exit(0)``), the relay's drain never finished. Now it is its
+    message's failure, retried and then dead-lettered, in the inbox and in ``inprocess://``."""
+    registry = HandlerRegistry()
+
+    @registry.handler("Async")
+    async def leaves(message: Message) -> None:
+        raise thrown
+
+    @registry.handler("Plain")
+    def leaves_too(message: Message) -> None:
+        raise thrown
+
+    store = InMemoryStore()
+    inbox = Inbox(store, registry, settings(max_attempts=1))
+    batch = [event({}, "Async", id="a"), event({}, "Plain", id="p"), event({}, "X", id="x")]
+    assert await asyncio.wait_for(inbox.receive_batch(batch), 10) == ["dead", "dead", "ignored"]
+    for dead_id in ("a", "p"):
+        reason = (await store.get_dead_letter(dead_id)).failure_reason
+        assert f"HandlerExited: the handler raised {type(thrown).__name__}" in reason
+    results = await InProcessPublisher(registry).publish(batch[:2])
+    assert all(isinstance(r, RetryablePublishError) for r in results), results
+    assert all(type(thrown).__name__ in str(r) for r in results)
+
+
+async def test_a_plain_handler_that_returns_a_coroutine_fails_instead_of_passing(
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    """Found by a probe: ``registry.register(lambda m: send(m))`` around an ``async def send``
+    returned a coroutine nothing awaited; the message counted as handled (and published, from
+    ``inprocess://``), with a "never awaited" warning as the only trace."""
+    registry = HandlerRegistry()
+    sent: list[str] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message.id)
+
+    registry.register(lambda message: send(message), "Mail")
+    store = InMemoryStore()
+    inbox = Inbox(store, registry, settings(max_attempts=1))
+    assert await inbox.receive_batch([event({}, "Mail", id="m")]) == ["dead"]
+    reason = (await store.get_dead_letter("m")).failure_reason
+    assert "returned coroutine, which nothing awaits: declare it 'async def'" in reason
+    [result] = await InProcessPublisher(registry).publish([event({}, "Mail", id="n")])
+    assert result is not None and "nothing awaits" in str(result)
+    assert sent == []
+    assert not [w for w in recwarn.list if "never awaited" in str(w.message)]
 
 
 async def test_permanent_handler_errors_are_dead_letters_at_once() -> None:

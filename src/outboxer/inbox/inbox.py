@@ -58,7 +58,7 @@ from outboxer.errors import (
     StoreError,
 )
 from outboxer.inbox.consume import consume, redrive_consume_failures
-from outboxer.inbox.registry import HandlerRegistry, PermanentHandlerError
+from outboxer.inbox.registry import HandlerRegistry, PermanentHandlerError, exited
 from outboxer.message import Message
 from outboxer.ports import ConsumeFailure, ConsumeOutcome, InboxStore, SweeperStore
 
@@ -486,6 +486,10 @@ class Inbox:
             raise HandlerCancelled(
                 "the handler raised CancelledError without being cancelled"
             ) from exc
+        except Exception:
+            raise
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, a handler's own
+            raise exited(exc) from exc
         finally:
             self._handler_time += time.perf_counter() - started
             self._handler_runs += 1

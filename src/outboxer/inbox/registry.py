@@ -95,11 +95,38 @@ class _Signature:
     is_async: bool
 
     def call(self, handler: Handler, message: Message, context: HandlerContext | None) -> Any:
-        """Call ``handler`` with the decoded payload, then the context if it takes one."""
+        """Call ``handler`` with the decoded payload, then the context if it takes one.
+
+        Raises:
+            TypeError: a plain handler returned an awaitable (``lambda p: send(p)`` around an
+                ``async def send``): it would never run, and the message would pass for
+                handled.
+        """
         payload = self.decode(message)
-        if self.wants_context:
-            return handler(payload, context)
-        return handler(payload)
+        result = handler(payload, context) if self.wants_context else handler(payload)
+        if not self.is_async and inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()  # (no "never awaited" warning on top of the error)
+            raise TypeError(
+                f"the plain handler {_name(handler)} returned {type(result).__name__}, which "
+                "nothing awaits: declare it 'async def' and await what it calls"
+            )
+        return result
+
+
+class HandlerExited(Exception):
+    """A handler raised ``SystemExit``, ``KeyboardInterrupt`` or another ``BaseException`` that
+    is not an ``Exception``: a failure of its message (retried, then dead-lettered), not a way to
+    end the consumer or the relay (SIGTERM is). Left to propagate, it ended the task storing the
+    batch without a word, and the process waited for that batch forever."""
+
+
+def exited(error: BaseException) -> HandlerExited:
+    """The failure of a message whose handler raised ``error`` (not an ``Exception``)."""
+    text = f": {error}" if str(error) else ""
+    exc = HandlerExited(f"the handler raised {type(error).__name__}{text}")
+    exc.__cause__ = error
+    return exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from outboxer.inbox.registry import (
     HandlerContext,
     HandlerRegistry,
     PermanentHandlerError,
+    exited,
     load_registry,
 )
 from outboxer.message import Message
@@ -101,6 +102,8 @@ class InProcessPublisher:
                     registry.call(handler, message, context)
             except Exception as exc:  # noqa: BLE001 - a handler's failure is the message's
                 results[index] = _as_publish_error(exc)
+            except BaseException as exc:  # noqa: BLE001 - SystemExit, a handler's own, ...
+                results[index] = _as_publish_error(exited(exc))
 
     async def _run_async(
         self,
@@ -115,6 +118,10 @@ class InProcessPublisher:
                 await route.start(message, attempt=message.attempts + 1)
         except Exception as exc:  # noqa: BLE001 - a handler's failure is the message's
             results[index] = _as_publish_error(exc)
+        except asyncio.CancelledError:
+            raise  # the relay is stopping
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, a handler's own, ...
+            results[index] = _as_publish_error(exited(exc))
 
 
 def _context(message: Message) -> HandlerContext:
