@@ -36,10 +36,17 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 # PostgreSQL's identifier limit (NAMEDATALEN - 1 bytes). A longer name is not refused but
 # silently truncated, so two derived names can collide or a LISTEN miss its NOTIFY.
 MAX_IDENTIFIER = 63
+# MySQL's and MariaDB's identifier limit (64 characters): a longer name is refused, half-way
+# through `db upgrade` (found by a probe: a table name of 42-43 characters).
+MAX_MYSQL_IDENTIFIER = 64
 # Every table, index and trigger of an outbox is named after its table; the longest derived
-# name is "<table>_inbox_failures_dead" (20 more characters; tests/unit/test_table_names.py
-# checks every name in the SQL files against this).
-MAX_TABLE_NAME = MAX_IDENTIFIER - len("_inbox_failures_dead")
+# names are "<table>_inbox_failures_dead" on PostgreSQL (20 more characters) and
+# "<table>_inbox_failures_message" on MySQL (23; tests/unit/test_table_names.py checks every
+# name in the SQL files against these).
+MAX_TABLE_NAME = min(
+    MAX_IDENTIFIER - len("_inbox_failures_dead"),
+    MAX_MYSQL_IDENTIFIER - len("_inbox_failures_message"),
+)
 
 
 def validate_identifier(name: str, what: str = "identifier") -> str:
@@ -76,8 +83,8 @@ class TableNames:
         if len(self.table) > MAX_TABLE_NAME:
             raise ConfigurationError(
                 f"invalid table name {self.table!r}: at most {MAX_TABLE_NAME} characters, so "
-                f"that the names derived from it (such as {self.table}_inbox_failures_dead) "
-                f"fit PostgreSQL's {MAX_IDENTIFIER}"
+                f"that the names derived from it (such as {self.table}_inbox_failures_message) "
+                f"fit PostgreSQL's {MAX_IDENTIFIER} and MySQL's {MAX_MYSQL_IDENTIFIER}"
             )
         if self.schema is not None:
             validate_identifier(self.schema, "schema name")

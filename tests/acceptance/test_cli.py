@@ -365,6 +365,17 @@ def test_purge_asks_before_deleting(cli: Cli, sqlite_url: str) -> None:
             2,
             ["invalid cursor"],
         ),
+        # Found by a probe: SQLite said "unexpected OverflowError" (exit 1).
+        (
+            ["dlq", "list", "--database-url", "sqlite:///UPGRADED", "--cursor", "9" * 23],
+            2,
+            ["invalid cursor"],
+        ),
+        (
+            ["messages", "list", "--database-url", "sqlite:///UPGRADED", "--cursor", "9" * 19],
+            2,
+            ["invalid cursor"],
+        ),
         (["dlq", "replay", "--database-url", "sqlite:///UPGRADED", "nope"], 1, ["no dead letter"]),
         # Bytes that are not UTF-8 (a pasted id in another encoding): a usage error by name,
         # on every database (SQLite said "unexpected UnicodeEncodeError", PostgreSQL's driver

@@ -285,7 +285,7 @@ def parse_cursor(cursor: str | None) -> int | None:
         value = int(cursor)
     except ValueError:
         raise ConfigurationError(f"invalid cursor {cursor!r}") from None
-    if value < 0:
+    if not 0 <= value < 2**63:  # (a sequence number is a 64-bit integer in every database)
         raise ConfigurationError(f"invalid cursor {cursor!r}")
     return value
 
