@@ -11,6 +11,8 @@ the consumer in the middle of a batch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
 from dataclasses import dataclass
 
@@ -47,3 +49,28 @@ async def run_job(job: Job, ctx: HandlerContext) -> None:
         raise RuntimeError(f"job {job.n} fails on its first attempt")
     if job.fail == "always" and ctx.message.id not in FIXED:
         raise RuntimeError(f"job {job.n} always fails")
+
+
+#: Handlers that will not stop: ``--handlers tests.integration.consumer_handlers:stubborn``.
+#: Each touches the file named by ``OUTBOXER_TEST_STARTED`` once it runs.
+stubborn = HandlerRegistry()
+
+
+def _started() -> None:
+    with open(os.environ["OUTBOXER_TEST_STARTED"], "a") as marker:
+        marker.write("started\n")
+
+
+@stubborn.handler("SwallowsCancellation")
+async def swallows_cancellation(payload: dict[str, object]) -> None:
+    _started()
+    while True:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(1000)
+
+
+@stubborn.handler("BlocksTheLoop")
+async def blocks_the_loop(payload: dict[str, object]) -> None:
+    _started()
+    while True:
+        pass

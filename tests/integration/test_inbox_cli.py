@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import time
 from typing import Any
@@ -149,3 +150,58 @@ async def test_stats_show_a_consumer_held_up_behind_a_failing_key(
     assert handled == ["handled"] * 3
     assert json.loads(outboxer("stats", *db, "--json").stdout)["consume_failures"] == {}
     assert "consume failures    0" in outboxer("stats", *db).stdout.splitlines()
+
+
+@pytest.mark.parametrize("kind", ["SwallowsCancellation", "BlocksTheLoop"])
+def test_a_consumer_whose_handler_will_not_stop_exits_past_its_deadline(
+    pg_url: str, pg_schema: str, kind: str, tmp_path: Any
+) -> None:
+    """Found by a probe: an async handler that swallows its cancellation (or blocks the event
+    loop) kept ``outboxer consume`` alive for good after SIGTERM, deaf to further signals
+    (SIGKILL only). Now it exits at ``--shutdown-timeout`` plus a grace, status 1, in one line,
+    with nothing acknowledged (the broker delivers the message again)."""
+    from outboxer.brokers.redis.publisher import RedisPublisher
+    from outboxer.cli._common import STOP_GRACE
+
+    stream = f"stubborn-{pg_schema}"
+
+    async def publish() -> None:
+        async with RedisPublisher.from_url("redis://127.0.0.1:6379/0") as publisher:
+            await publisher.publish([Message(id="m-1", topic=stream, payload=b"{}", type=kind)])
+
+    asyncio.run(publish())
+    upgraded = outboxer("db", "upgrade", "--database-url", pg_url, "--schema", pg_schema)
+    assert upgraded.returncode == 0, upgraded.stderr
+    started = tmp_path / "started"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
+    env |= {"PYTHONPATH": PYTHONPATH, "OUTBOXER_TEST_STARTED": str(started)}
+    args = ["--log-level", "error", "consume", "--database-url", pg_url, "--schema", pg_schema]
+    args += ["--broker", "redis://127.0.0.1:6379/0", "--topic", stream]
+    args += ["--handlers", "tests.integration.consumer_handlers:stubborn"]
+    process = subprocess.Popen(
+        [OUTBOXER, *args, "--shutdown-timeout", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the handler never ran"
+            time.sleep(0.1)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=1 + STOP_GRACE + 15)
+        took = time.monotonic() - signalled
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 1, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("outboxer: error: the consumer did not stop within"), stderr
+    assert "Traceback" not in stderr
+    assert took >= 1 + STOP_GRACE - 0.5

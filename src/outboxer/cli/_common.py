@@ -7,8 +7,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, NoReturn, Protocol, TypeVar
 
@@ -110,6 +113,44 @@ def echo_fields(item: Any, as_json: bool) -> None:
         # JSON escapes control characters itself; plain text is escaped here.
         shown = json.dumps(value) if isinstance(value, dict | list) else printable(str(value))
         click.echo(f"{name:17} {shown}")
+
+
+#: After a stop signal, how long a process may take beyond its own shutdown timeout.
+STOP_GRACE = 5.0
+
+
+def stop_on_signals(stop: Callable[[], None], deadline: float, what: str) -> None:
+    """SIGTERM/SIGINT call ``stop`` on the running loop; the process must then end within
+    ``deadline`` seconds. A handler that swallows its cancellation, or blocks the event loop
+    (where asyncio's own signal handling would never even run ``stop``), kept a consumer alive
+    for good, deaf to every further signal (found by a probe): past the deadline, or at a second
+    signal, the process exits at once, status 1, saying so. What it had in progress was not
+    acknowledged: the broker delivers it again. The handler is Python's, run between two
+    bytecodes of the main thread, and the deadline a daemon thread's."""
+    loop = asyncio.get_running_loop()
+    signalled = threading.Event()
+
+    def force(reason: str) -> None:
+        sys.stderr.write(
+            f"outboxer: error: {what} {reason}; exiting now: what it had in progress was not "
+            "acknowledged and will be delivered again\n"
+        )
+        sys.stderr.flush()
+        os._exit(EXIT_FAILURE)
+
+    def on_signal(signum: int, frame: object) -> None:
+        if signalled.is_set():
+            force("got a second signal while stopping")
+        signalled.set()
+        loop.call_soon_threadsafe(stop)
+        late = f"did not stop within {deadline:g} s of the signal (a handler ignores its "
+        late += "cancellation or blocks the event loop)"
+        timer = threading.Timer(deadline, force, args=(late,))
+        timer.daemon = True
+        timer.start()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
 
 
 def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:

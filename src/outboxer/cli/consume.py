@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import sys
 from typing import Any
 
 import click
 
-from outboxer.cli._common import EXIT_USAGE, fail, open_store
+from outboxer.cli._common import EXIT_USAGE, STOP_GRACE, fail, open_store, stop_on_signals
 from outboxer.cli.options import (
     build_settings,
     checked,
@@ -126,7 +125,5 @@ async def _consume(
     connections = max(10, settings.concurrency + 2)
     async with open_store(url, names, connections=connections) as store:
         inbox = Inbox(store, registry, settings)
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, inbox.stop)
+        stop_on_signals(inbox.stop, shutdown_timeout + STOP_GRACE, "the consumer")
         await run_consumer(inbox, adapter, sweeper=store, shutdown_timeout=shutdown_timeout)
