@@ -96,6 +96,12 @@ async def test_a_queue_deleted_under_the_consumer_is_declared_again_and_consumed
         async with RabbitMQPublisher.from_url(url) as publisher:
             assert list(await publisher.publish([message])) == [None]
 
+    async def routed(message_id: str) -> bool:
+        message = Message(id=message_id, topic=topic, payload=b"{}")
+        async with RabbitMQPublisher.from_url(url) as publisher:
+            [result] = await publisher.publish([message])
+        return result is None
+
     async def until(check: Any, what: str) -> None:
         for _ in range(200):
             if await check():
@@ -111,7 +117,9 @@ async def test_a_queue_deleted_under_the_consumer_is_declared_again_and_consumed
             await until(lambda: _now(seen == ["before"]), "the first message")
             await asyncio.to_thread(_delete, exchange, [queue])
             await until(lambda: asyncio.to_thread(_queue_exists, queue), "the queue again")
-            await publish("after")
+            # Declared is not yet bound: until it is, a publish comes back unroutable (and is
+            # not delivered), so publish until one is routed.
+            await until(lambda: routed("after"), "the queue bound again")
             await until(lambda: _now(seen == ["before", "after"]), "the next message")
             stop.set()
             await running
