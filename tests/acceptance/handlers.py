@@ -3,11 +3,14 @@
 Each delivered message id is appended to the file named by ``OUTBOXER_TEST_SINK`` (one line per
 delivery, so duplicates are visible); ``OUTBOXER_TEST_DELAY`` slows each delivery down so a test
 can kill the relay mid-stream. Messages of type ``Poison`` always fail; a message of type
-``Killer`` kills the relay process (``os._exit``), as a segfault or an OOM kill would.
+``Killer`` kills the relay process (``os._exit``), as a segfault or an OOM kill would; one of type
+``Stubborn`` never lets its handler end (it swallows its cancellation).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import time
 
@@ -37,3 +40,12 @@ def reject(message: Message) -> None:
 @registry.handler("Killer")
 def kill_the_process(message: Message) -> None:
     os._exit(1)  # no cleanup at all: the relay dies holding its claims
+
+
+@registry.handler("Stubborn")
+async def swallow_cancellation(message: Message) -> None:
+    """Touches the sink, then never ends: it swallows every cancellation."""
+    _record(message)
+    while True:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(1000)

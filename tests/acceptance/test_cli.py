@@ -541,3 +541,37 @@ def test_relay_drain_gives_up_after_its_timeout_with_one_line(
         "drain did not finish within 1.5 s: 2 messages still to publish",
         "broker unavailable for 1 rounds",
     )
+
+
+def test_a_stopping_relay_held_by_a_handler_exits_at_a_second_signal(
+    cli: Cli, sqlite_db: Database, sink: Path
+) -> None:
+    """An ``inprocess://`` handler that swallows its cancellation kept a stopping relay alive
+    for good, deaf to every further signal (as the probe found for ``outboxer consume``): a
+    second signal ends it at once, status 1, in one line; its message stays in the outbox."""
+    db = sqlite_db.args
+    assert cli("db", "upgrade", *db).returncode == 0
+    with sqlite_db.transaction() as conn:
+        stubborn = sqlite_db.outbox.enqueue(conn, "audit", {}, type="Stubborn")
+    relay = cli.start(
+        "--log-level", "ERROR", "relay", *db, "--broker", INPROCESS, "--shutdown-timeout", "0.5"
+    )
+    try:
+        wait_until(lambda: stubborn in lines(sink), what="the handler to run")
+        relay.send_signal(signal.SIGTERM)
+        time.sleep(1.5)  # past --shutdown-timeout: cancelled, and swallowing it
+        assert relay.poll() is None, relay.communicate()
+        relay.send_signal(signal.SIGTERM)
+        _, stderr = relay.communicate(timeout=10)
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.communicate()
+    assert relay.returncode == 1, stderr
+    lines_ = [line for line in stderr.splitlines() if line.strip()]
+    assert lines_ == [
+        "outboxer: error: the relay got a second signal while stopping; exiting now: what it "
+        "had in progress was not acknowledged and will be delivered again"
+    ], stderr
+    pending = cli("messages", "list", *db, "--json")
+    assert [m["id"] for m in json.loads(pending.stdout)["items"]] == [stubborn]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
 import asyncpg
 import pytest
 
@@ -17,6 +19,7 @@ from outboxer.ports import ClaimRequest, ConsumeFailure, DeadLetterFilter, Settl
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.postgres import relay as postgres_relay
 from outboxer.stores.sqlite import SqliteStore
+from outboxer.stores.sqlite.connection import immediate
 from tests.conftest import wait_past_commit_gate
 from tests.contracts.store import StoreContract
 
@@ -129,3 +132,28 @@ class TestPostgresClaimWithManyKeys(TestPostgresClaimBehindTheFront):
     @pytest.fixture(autouse=True)
     def no_heads(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(postgres_relay, "KEYS_PER_MESSAGE", 0)
+
+
+async def test_a_sqlite_transaction_cancelled_while_it_begins_is_rolled_back(
+    tmp_path: Path,
+) -> None:
+    """aiosqlite runs ``BEGIN`` in its thread even when the caller, cancelled, no longer waits
+    for it: the transaction stayed open and the connection's next statements ran in it, never
+    committed (a relay stopped while its sweep began lost its unregister: its row stayed in
+    ``stats`` after a clean stop, now and then under load)."""
+    conn = await aiosqlite.connect(tmp_path / "t.db", isolation_level=None)
+    try:
+
+        async def begin_and_wait() -> None:
+            async with immediate(conn):
+                await asyncio.sleep(10)
+
+        task = asyncio.create_task(begin_and_wait())
+        await asyncio.sleep(0)  # it sent BEGIN and waits for the answer
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await conn.execute("SELECT 1")  # after whatever the cancelled task queued
+        assert not conn.in_transaction
+    finally:
+        await conn.close()

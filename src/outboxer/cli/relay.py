@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from outboxer.cli._common import fail, open_store
+from outboxer.cli._common import fail, open_store, stop_on_signals
 from outboxer.cli.options import (
     build_settings,
     database_options,
@@ -131,6 +130,11 @@ def _relay_tracing(requested: bool) -> Callable[[], None] | None:
     return configure_tracing()
 
 
+#: How long a relay may take to stop beyond ``--shutdown-timeout`` before it exits by force
+#: (an ``inprocess://`` handler that swallows its cancellation would keep it alive for good).
+RELAY_STOP_GRACE = 60.0
+
+
 async def _relay(
     url: str,
     names: TableNames,
@@ -152,9 +156,10 @@ async def _relay(
         publisher = TracingPublisher(publisher, system=messaging_system(broker))
     async with open_store(url, names) as store, publisher:
         relay = Relay(store, publisher, settings, observer=observer)
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, relay.stop)
+        # Past its shutdown timeout a stopping relay still hands back what it holds and
+        # unregisters (statements bounded by the URL's command_timeout, 60 s by default).
+        deadline = settings.shutdown_timeout + RELAY_STOP_GRACE
+        stop_on_signals(relay.stop, deadline, "the relay")
         if drain_timeout is None:
             await relay.run()
             return

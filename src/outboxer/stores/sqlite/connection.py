@@ -178,8 +178,20 @@ def is_closed(conn: aiosqlite.Connection) -> bool:
 
 @contextlib.asynccontextmanager
 async def immediate(conn: aiosqlite.Connection) -> AsyncIterator[None]:
-    """A ``BEGIN IMMEDIATE`` transaction on a connection the caller holds."""
-    await conn.execute("BEGIN IMMEDIATE")
+    """A ``BEGIN IMMEDIATE`` transaction on a connection the caller holds.
+
+    Cancelled while ``BEGIN`` is on its way, it still ends with a ``ROLLBACK``: aiosqlite runs
+    a statement in its thread whether or not the caller still waits for it, and runs them in
+    order. Before, the transaction stayed open, and the connection's next statements ran in it
+    and were never committed (found by a test now and then: a relay stopped while its sweep
+    began, and its unregister was lost when the connection closed).
+    """
+    try:
+        await conn.execute("BEGIN IMMEDIATE")
+    except asyncio.CancelledError:
+        with contextlib.suppress(sqlite3.OperationalError):  # (the BEGIN itself failed)
+            await conn.execute("ROLLBACK")
+        raise
     try:
         yield
     except BaseException:
