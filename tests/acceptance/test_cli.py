@@ -377,6 +377,10 @@ def test_purge_asks_before_deleting(cli: Cli, sqlite_url: str) -> None:
             ["invalid cursor"],
         ),
         (["dlq", "replay", "--database-url", "sqlite:///UPGRADED", "nope"], 1, ["no dead letter"]),
+        (["dlq", "replay", "--database-url", "sqlite:///UPGRADED", "ok", ""], 2,
+         ["IDS", "an id cannot be empty"]),
+        (["messages", "show", "--database-url", "sqlite:///UPGRADED", ""], 2,
+         ["MESSAGE_ID", "an id cannot be empty"]),
         # Bytes that are not UTF-8 (a pasted id in another encoding): a usage error by name,
         # on every database (SQLite said "unexpected UnicodeEncodeError", PostgreSQL's driver
         # refused them in its own words, MySQL found nothing).

@@ -78,6 +78,9 @@ def stored_text(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     click callback (of an option or of an argument, ``nargs=-1`` too).
     """
     for text in value if isinstance(value, tuple) else (value,):
+        if text == "" and isinstance(param, click.Argument):
+            # An id is never empty: `dlq replay ""` said "replayed 0" before its error.
+            raise click.BadParameter("an id cannot be empty", ctx, param)
         if isinstance(text, str):
             try:
                 text.encode()
