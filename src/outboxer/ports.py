@@ -26,7 +26,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 from outboxer.errors import NotFound, PublishError, StoreError
@@ -45,6 +45,7 @@ __all__ = [
     "DeadLetterStore",
     "dead_letter_ids",
     "dead_letter_not_found",
+    "replay_skipped",
     "DatabaseStore",
     "FailurePolicy",
     "failure_reason",
@@ -624,6 +625,22 @@ class MessageReader(Protocol):
 @runtime_checkable
 class AdminStore(StatsStore, DeadLetterStore, MessageReader, Protocol):
     """What the admin API and the operator commands of the CLI use."""
+
+
+async def replay_skipped(store: AdminStore, flt: DeadLetterFilter) -> list[str]:
+    """After a replay with ``flt``: the ids of the publish dead letters it left where they are
+    because a message with the id is in the outbox again (a consume dead letter is always
+    replayed; one written since the replay, with no such message, is not counted)."""
+    if flt.direction == "consume":
+        return []
+    left: list[str] = []
+    for dead_letter_id in await dead_letter_ids(store, replace(flt, direction="publish")):
+        try:
+            await store.get_message(dead_letter_id)
+        except NotFound:
+            continue
+        left.append(dead_letter_id)
+    return left
 
 
 @runtime_checkable

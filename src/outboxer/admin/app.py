@@ -73,8 +73,8 @@ from outboxer.ports import (
     MessageState,
     OutboxMessage,
     OutboxStats,
-    dead_letter_ids,
     dead_letter_not_found,
+    replay_skipped,
 )
 from outboxer.urls import redact
 
@@ -344,7 +344,7 @@ async def get_dead_letter(
 async def replay_many(store: StoreDep, body: DeadLetterFilterBody) -> dict[str, Any]:
     flt = await _bulk_filter(store, body)
     replayed = await store.replay_dead_letters(flt)
-    return _bulk_result("replayed", replayed, flt, await dead_letter_ids(store, flt))
+    return _bulk_result("replayed", replayed, flt, await replay_skipped(store, flt))
 
 
 @dead_letters.post(
@@ -387,7 +387,7 @@ async def replay_one(
     if not replayed:
         await store.get_dead_letter(dead_letter_id, direction)  # gone meanwhile → 404
         raise HTTPException(409, _BACK_IN_THE_OUTBOX)
-    return _bulk_result("replayed", replayed, flt, await dead_letter_ids(store, flt))
+    return _bulk_result("replayed", replayed, flt, await replay_skipped(store, flt))
 
 
 async def _back_in_the_outbox(store: AdminStore, dead_letter_id: str) -> bool:

@@ -142,7 +142,8 @@ def stop_on_signals(stop: Callable[[], None], deadline: float, what: str) -> Non
         if signalled.is_set():
             force("got a second signal while stopping")
         signalled.set()
-        loop.call_soon_threadsafe(stop)
+        with contextlib.suppress(RuntimeError):  # the loop closed: the work is over already
+            loop.call_soon_threadsafe(stop)
         late = f"did not stop within {deadline:g} s of the signal (a handler ignores its "
         late += "cancellation or blocks the event loop)"
         timer = threading.Timer(deadline, force, args=(late,))

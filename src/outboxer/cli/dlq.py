@@ -27,7 +27,14 @@ from outboxer.cli.options import (
     stored_text,
 )
 from outboxer.errors import OutboxerError
-from outboxer.ports import AdminStore, DeadLetter, DeadLetterFilter, Direction, dead_letter_ids
+from outboxer.ports import (
+    AdminStore,
+    DeadLetter,
+    DeadLetterFilter,
+    Direction,
+    dead_letter_ids,
+    replay_skipped,
+)
 
 
 @click.group()
@@ -48,11 +55,14 @@ def _print_dead_letters(items: list[DeadLetter]) -> None:
         )
 
 
-#: ``--direction`` of list, replay and purge: publish or consume dead letters only.
-direction_option = click.option(
-    "--direction",
-    type=click.Choice(["publish", "consume"]),
-    help="Only publish or only consume dead letters (an id may have one of each).",
+def _direction_option(help: str) -> Callable[[Any], Any]:  # noqa: A002 - click's name
+    """``--direction``: publish or consume (an id may have a dead letter of each)."""
+    return click.option("--direction", type=click.Choice(["publish", "consume"]), help=help)
+
+
+#: ``--direction`` of list, replay and purge.
+direction_option = _direction_option(
+    "Only publish or only consume dead letters (an id may have one of each)."
 )
 
 
@@ -70,11 +80,7 @@ def dlq_list(**values: Any) -> None:
 @dlq.command("show")
 @database_options
 @click.argument("dead_letter_id", callback=stored_text)
-@click.option(
-    "--direction",
-    type=click.Choice(["publish", "consume"]),
-    help="Which of the id's dead letters, when it has both (default: the newer).",
-)
+@_direction_option("Which of the id's dead letters, when it has both (default: the newer).")
 @json_option
 def dlq_show(dead_letter_id: str, direction: Direction | None, **values: Any) -> None:
     """One dead letter with payload, reason and attempts."""
@@ -124,9 +130,9 @@ def _bulk(
             done = await _bulk_in_chunks(store, verb, action, flt)
         else:
             done = await action(store, flt)
-        # A replay skips a publish dead letter whose id is in the outbox again: what the
-        # filter still selects (an id's consume dead letter may have been replayed meanwhile).
-        skipped = await dead_letter_ids(store, flt) if verb == "replayed" else []
+        # A replay skips a publish dead letter whose id is in the outbox again (also when
+        # the id's consume dead letter was replayed): named, and the command exits 1.
+        skipped = await replay_skipped(store, flt) if verb == "replayed" else []
         return done, skipped, sorted(set(flt.ids or ()) - set(done) - set(skipped))
 
     done, skipped, missing = with_store(run, database_url, names)
