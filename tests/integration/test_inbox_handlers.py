@@ -45,6 +45,7 @@ from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore
 from tests.acceptance.conftest import PYTHONPATH
+from tests.conftest import unique_name
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -843,38 +844,6 @@ class OneBatch:
             await stop.wait()
 
 
-async def test_a_handler_that_commits_ctx_connection_stops_the_consumer(
-    sqlite_store: SqliteStore,
-) -> None:
-    """The handler of the 3rd of 5 messages commits the inbox's transaction. Before: the
-    chunk failed, was retried in place, and the messages after it came back as duplicates,
-    never handled. Now the consumer stops at once with HandlerEndedTransaction (a supervisor
-    restarts it after the fix), acknowledges nothing, and the redelivery handles the rest."""
-    await sqlite_store.execute("CREATE TABLE effects (n INTEGER)")
-    registry = HandlerRegistry()
-    careless = {"yes": True}
-
-    @registry.handler("job")
-    async def job(payload: dict[str, int], ctx: HandlerContext) -> None:
-        await ctx.connection.execute("INSERT INTO effects VALUES (?)", (payload["n"],))
-        if payload["n"] == 3 and careless["yes"]:
-            await ctx.connection.commit()
-
-    batch = [event({"n": n}, "job", key="k") for n in range(1, 6)]  # one key: one chunk
-    acked: list[str] = []
-    inbox = Inbox(sqlite_store, registry, settings())
-    with pytest.raises(outboxer.HandlerEndedTransaction, match="committed or rolled back"):
-        await asyncio.wait_for(run_consumer(inbox, OneBatch(batch, acked)), 10)
-    assert acked == []
-    rows = await sqlite_store.execute("SELECT n FROM effects ORDER BY n")
-    assert [r[0] for r in rows] == [1, 2, 3]
-    careless["yes"] = False
-    again = Inbox(sqlite_store, registry, settings())
-    assert await again.receive_batch(batch) == ["duplicate"] * 3 + ["handled"] * 2
-    rows = await sqlite_store.execute("SELECT n FROM effects ORDER BY n")
-    assert [r[0] for r in rows] == [1, 2, 3, 4, 5]
-
-
 async def test_a_re_drive_whose_handler_ends_the_transaction_stops_the_consumer(
     sqlite_store: SqliteStore,
 ) -> None:
@@ -894,3 +863,87 @@ async def test_a_re_drive_whose_handler_ends_the_transaction_stops_the_consumer(
         await asyncio.wait_for(run_consumer(inbox, OneBatch([], [])), 10)
     rows = await sqlite_store.execute("SELECT attempts FROM {inbox_failures}")
     assert [r[0] for r in rows] == [1]  # the failure stays, re-driven after the restart
+
+
+async def _end(connection: Any, how: str) -> None:
+    """What a careless handler does to the inbox's transaction: ``commit`` or ``rollback`` it,
+    then ``begin`` one of its own if ``how`` says so."""
+    end, _, begin = how.partition("-")
+    if isinstance(connection, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
+        await connection.execute(f"{end.upper()}; {begin.upper()}")
+        return
+    await getattr(connection, end)()  # asyncmy and aiosqlite
+    if begin:
+        is_sqlite = hasattr(connection, "in_transaction")
+        await (connection.execute("BEGIN") if is_sqlite else connection.begin())
+
+
+@pytest.fixture(params=["postgres", "mariadb", "sqlite"])
+def sql_store(request: pytest.FixtureRequest) -> tuple[str, Any, str]:
+    """(dialect, store, a table name for the test's effects) on each SQL store."""
+    fixture = {"postgres": "pg_store", "mariadb": "mysql_store", "sqlite": "sqlite_store"}
+    store = request.getfixturevalue(fixture[request.param])
+    table = unique_name("effects")
+    if request.param == "postgres":
+        table = f'"{request.getfixturevalue("pg_schema")}".{table}'
+    return request.param, store, table
+
+
+@pytest.mark.parametrize(
+    ("how", "fails"),
+    [
+        ("commit", False),
+        ("commit-begin", False),
+        ("commit-begin", True),
+        ("rollback", False),
+        ("rollback-begin", False),
+        ("rollback-begin", True),
+    ],
+)
+async def test_a_handler_that_ends_the_inbox_transaction_stops_the_consumer(
+    sql_store: tuple[str, Any, str], how: str, fails: bool
+) -> None:
+    """The handler of the 3rd of 5 messages (one key: one chunk, one transaction) commits or
+    rolls back the inbox's transaction, maybe begins one of its own, maybe raises then.
+
+    Before: a commit was retried in place and the messages after it came back as
+    duplicates, never handled; one followed by a ``BEGIN`` went unnoticed that way (a probe).
+    Now the consumer stops at once with HandlerEndedTransaction (a ``BEGIN`` after it is
+    given away by the savepoint the commit or rollback took with it), acknowledges nothing,
+    and the redelivery handles what was not committed: after a commit the messages after it,
+    after a rollback all five."""
+    dialect, store, table = sql_store
+    await store.execute(f"CREATE TABLE {table} (n INTEGER)")
+    registry = HandlerRegistry()
+    careless = {"yes": True}
+
+    @registry.handler("job")
+    async def job(payload: dict[str, int], ctx: HandlerContext) -> None:
+        connection = ctx.connection
+        if dialect == "mariadb":
+            async with connection.cursor() as cursor:
+                await cursor.execute(f"INSERT INTO {table} VALUES (%s)", (payload["n"],))
+        elif dialect == "postgres":
+            await connection.execute(f"INSERT INTO {table} VALUES ($1)", payload["n"])
+        else:
+            await connection.execute(f"INSERT INTO {table} VALUES (?)", (payload["n"],))
+        if payload["n"] == 3 and careless["yes"]:
+            await _end(connection, how)
+            if fails:
+                raise RuntimeError("and then it fails")
+
+    batch = [event({"n": n}, "job", key="k") for n in range(1, 6)]
+    acked: list[str] = []
+    inbox = Inbox(store, registry, settings())
+    with pytest.raises(outboxer.HandlerEndedTransaction):
+        await asyncio.wait_for(run_consumer(inbox, OneBatch(batch, acked)), 10)
+    assert acked == []
+    committed = [1, 2, 3] if how.startswith("commit") else []
+    rows = await store.execute(f"SELECT n FROM {table} ORDER BY n")
+    assert [r["n"] for r in rows] == committed
+    careless["yes"] = False
+    again = Inbox(store, registry, settings())
+    outcomes = await again.receive_batch(batch)
+    assert outcomes == ["duplicate"] * len(committed) + ["handled"] * (5 - len(committed))
+    rows = await store.execute(f"SELECT n FROM {table} ORDER BY n")
+    assert [r["n"] for r in rows] == [1, 2, 3, 4, 5]

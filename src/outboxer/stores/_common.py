@@ -648,7 +648,9 @@ class SqlInboxSession(abc.ABC):
     Right after such a handler, before any other statement, the driver's own view of the
     connection (:meth:`_in_transaction`, no round trip) tells, and ``run_handler`` raises
     :class:`~outboxer.errors.HandlerEndedTransaction` instead of sending statements that would
-    fail as if the database were down (or, after a commit, run outside any transaction).
+    fail as if the database were down (or, after a commit, run outside any transaction). One
+    that then began a transaction of its own is found out by the next savepoint statement,
+    which the database refuses for want of the savepoint (:meth:`_savepoint_missing`).
     """
 
     def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:
@@ -762,7 +764,7 @@ class SqlInboxSession(abc.ABC):
             self._handler_statements = True
             if self._in_transaction() is False and not self._connection_closed():
                 raise self._ended(message, closed=False) from exc
-            return await self._undo(exc)
+            return await self._undo(exc, message)
         # Before any other statement: one that ran outside the transaction could not be undone.
         if self._in_transaction() is False:
             raise self._ended(message, closed=self._connection_closed())
@@ -775,18 +777,37 @@ class SqlInboxSession(abc.ABC):
             await self._run(
                 f"RELEASE SAVEPOINT {HANDLER_SAVEPOINT}; SAVEPOINT {HANDLER_SAVEPOINT}", None
             )
-        except Exception as exc:  # noqa: BLE001 - it left the transaction aborted: its failure
-            return await self._undo(exc)
+        except Exception as exc:  # it left the transaction aborted: its failure
+            if self._savepoint_missing(exc):
+                raise await self._began_anew(message) from exc
+            return await self._undo(exc, message)
         self._savepoint_clean = True
         return None
 
-    async def _undo(self, error: Exception) -> Exception:
+    async def _undo(self, error: Exception, message: Message) -> Exception:
         """Roll the failed handler's writes back (to its savepoint); its ``error``."""
-        await self._run(
-            f"ROLLBACK TO SAVEPOINT {HANDLER_SAVEPOINT}; RELEASE SAVEPOINT {HANDLER_SAVEPOINT}",
-            None,
-        )
+        try:
+            await self._run(
+                f"ROLLBACK TO SAVEPOINT {HANDLER_SAVEPOINT}; RELEASE SAVEPOINT {HANDLER_SAVEPOINT}",
+                None,
+            )
+        except Exception as exc:
+            if self._savepoint_missing(exc):
+                raise await self._began_anew(message) from error
+            raise
         return error
+
+    async def _began_anew(self, message: Message) -> HandlerEndedTransaction:
+        """The handler's savepoint is gone although the connection is in a transaction: the
+        handler ended the inbox's transaction (a commit, or a rollback) and began one of its
+        own. That one is rolled back (what the handler wrote after its ``BEGIN``), so that
+        the connection is where a handler that only committed leaves it."""
+        await self._run("ROLLBACK", None)
+        return self._ended(message, closed=False)
+
+    def _savepoint_missing(self, error: Exception) -> bool:
+        """Whether ``error`` is the database's "no such savepoint"."""
+        return False
 
     def _ended(self, message: Message, *, closed: bool) -> HandlerEndedTransaction:
         return HandlerEndedTransaction(message.id, message.type, message.topic, closed=closed)

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from asyncmy.constants.SERVER_STATUS import SERVER_STATUS_IN_TRANS
+from asyncmy.errors import OperationalError
 
 from outboxer.message import Message, encode_headers
 from outboxer.ports import ConsumeFailure, InboxReceipt, PendingFailure, failure_reason
@@ -49,6 +50,8 @@ _FRESH, _BLOCKED, _DUPLICATE = "f", "b", "d"
 #: A statement that may be larger than this is checked against the server's
 #: ``max_allowed_packet`` (one round trip, only then; no default has been smaller since MySQL 5.6).
 _LARGE_STATEMENT = 1 << 20
+#: ER_SP_DOES_NOT_EXIST: "SAVEPOINT … does not exist".
+_NO_SUCH_SAVEPOINT = 1305
 
 
 #: The bytes asyncmy escapes as two (a backslash before them), in a session without
@@ -89,6 +92,9 @@ class _Session(SqlInboxSession):
 
     def _connection_closed(self) -> bool:
         return not self.connection.connected
+
+    def _savepoint_missing(self, error: Exception) -> bool:
+        return isinstance(error, OperationalError) and error.args[:1] == (_NO_SUCH_SAVEPOINT,)
 
     def _forget_args(self, consumer: str, message_ids: Sequence[str]) -> Any:
         return {"consumer": consumer, "ids": tuple(message_ids)}

@@ -132,6 +132,9 @@ class _Session(SqlInboxSession):
     def _connection_closed(self) -> bool:
         return bool(self._raw.is_closed())
 
+    def _savepoint_missing(self, error: Exception) -> bool:
+        return isinstance(error, asyncpg.InvalidSavepointSpecificationError)
+
     def _forget_args(self, consumer: str, message_ids: Sequence[str]) -> Any:
         return (consumer, list(message_ids))
 

@@ -57,6 +57,9 @@ class _Session(SqlInboxSession):
     def _connection_closed(self) -> bool:
         return is_closed(self.connection)
 
+    def _savepoint_missing(self, error: Exception) -> bool:
+        return isinstance(error, sqlite3.OperationalError) and "no such savepoint" in str(error)
+
     def _forget_args(self, consumer: str, message_ids: Sequence[str]) -> Any:
         return {"consumer": consumer, "ids": json.dumps(list(message_ids))}
 
