@@ -218,6 +218,13 @@ def check_fields(settings: Any, what: str) -> None:
             raise ConfigurationError(f"invalid {what} setting {f.name}={value!r}: {problem}")
 
 
+#: An ``allowed_hosts`` entry: ``*``, or a host name (a leading dot: the domain and its
+#: subdomains), or an IP literal (the address the server listens on).
+_ALLOWED_HOST = re.compile(
+    r"\*|\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """Exponential backoff: ``base``, ``base*factor``, ... capped at ``cap`` seconds."""
@@ -445,6 +452,12 @@ class AdminSettings:
 
     def __post_init__(self) -> None:
         check_fields(self, "admin")
+        for name in self.allowed_hosts:
+            if not isinstance(name, str) or not _ALLOWED_HOST.fullmatch(name):
+                raise ConfigurationError(
+                    f"invalid admin setting allowed_hosts: {name!r} is not a host name (a name "
+                    "such as 'admin.example.com', '.example.com' for a domain, '*' for any)"
+                )
         # Refused rather than stripped: a token is a secret copied between systems, and the
         # client that holds it presumably has the same stray character, so stripping it here
         # would only move the mismatch. HTTP itself trims header values, so it could never match.

@@ -344,6 +344,14 @@ async def test_an_id_back_in_the_outbox_with_both_dead_letters_is_replayed_whole
     missing = await admin.delete(f"/api/deadletters/{dead_id}", params={"direction": "consume"})
     assert "no consume dead letter" in assert_problem(missing, 404)
     await give_up_on(pg_store, dead_id, consumer="billing")  # another consumer gives up
+    # A parameter given twice is refused, not taken for its last value (a probe).
+    before = await snapshot(pg_store)
+    twice = [("direction", "publish"), ("direction", "consume")]
+    response = await admin.delete(f"/api/deadletters/{dead_id}", params=twice)
+    assert "'direction' is given more than once" in assert_problem(response, 400)
+    response = await admin.get("/api/deadletters", params=[("topic", "a"), ("topic", "b")])
+    assert "'topic' is given more than once" in assert_problem(response, 400)
+    assert await snapshot(pg_store) == before
     response = await admin.delete(f"/api/deadletters/{dead_id}", params={"direction": "publish"})
     assert response.json() == {"purged": [dead_id], "count": 1, "not_found": []}
     page = await pg_store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)

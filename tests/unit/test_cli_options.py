@@ -150,6 +150,16 @@ def test_settings_refuse_non_finite_and_out_of_range_numbers(
         cls(**changes)
 
 
+@pytest.mark.parametrize("name", ["", " ", "a b", "x/y", "user@host", "évil.example"])
+def test_an_allowed_host_that_no_host_header_can_carry_is_refused(name: str) -> None:
+    """``--allowed-host ''`` was accepted and ignored: an operator who meant a name (an unset
+    variable in a script) got a server refusing every request by that name (a probe)."""
+    with pytest.raises(ConfigurationError, match="is not a host name"):
+        AdminSettings(allowed_hosts=frozenset({name}))
+    for good in ("*", ".example.com", "admin.example.com", "localhost", "::", "0.0.0.0"):
+        AdminSettings(allowed_hosts=frozenset({good}))
+
+
 def test_derived_settings_follow_the_values_they_depend_on() -> None:
     settings = RelaySettings(lease_seconds=3, poll_interval=0.001)
     assert settings.heartbeat_interval == 1.0  # a third of the lease

@@ -295,8 +295,21 @@ def _item(item: DeadLetter | OutboxMessage) -> dict[str, Any]:
     return body
 
 
+def _single_query_values(request: Request) -> None:
+    """Refuse a query parameter given twice: every parameter of the API takes one value, and
+    taking the last one silently would act on a filter the operator did not mean (a replay or
+    a purge of ``?topic=a&topic=b`` acted on ``b`` alone)."""
+    seen: set[str] = set()
+    for name, _ in request.query_params.multi_items():
+        if name in seen:
+            raise HTTPException(400, f"query parameter {name!r} is given more than once")
+        seen.add(name)
+
+
 # Every /api/ route declares the bearer scheme for the OpenAPI schema; BearerAuth enforces it.
-api = APIRouter(prefix="/api", dependencies=[Depends(_documented_bearer)])
+api = APIRouter(
+    prefix="/api", dependencies=[Depends(_documented_bearer), Depends(_single_query_values)]
+)
 dead_letters = APIRouter(prefix="/deadletters", tags=["dead letters"])
 messages = APIRouter(prefix="/messages", tags=["messages"])
 probes = APIRouter(tags=["probes"])
