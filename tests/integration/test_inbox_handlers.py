@@ -844,27 +844,6 @@ class OneBatch:
             await stop.wait()
 
 
-async def test_a_re_drive_whose_handler_ends_the_transaction_stops_the_consumer(
-    sqlite_store: SqliteStore,
-) -> None:
-    """The re-drive loop outlives other errors, retrying them; this one it would repeat with
-    every retry (and what the handler committed with it): the consumer stops with it."""
-    registry = HandlerRegistry()
-
-    @registry.handler("job")
-    async def job(payload: dict[str, int], ctx: HandlerContext) -> None:
-        if ctx.attempt == 1:
-            raise RuntimeError("the first attempt fails")
-        await ctx.connection.rollback()
-
-    inbox = Inbox(sqlite_store, registry, settings())
-    assert await inbox.receive_batch([event({"n": 1}, "job")]) == ["retrying"]
-    with pytest.raises(outboxer.HandlerEndedTransaction):
-        await asyncio.wait_for(run_consumer(inbox, OneBatch([], [])), 10)
-    rows = await sqlite_store.execute("SELECT attempts FROM {inbox_failures}")
-    assert [r[0] for r in rows] == [1]  # the failure stays, re-driven after the restart
-
-
 async def _end(connection: Any, how: str) -> None:
     """What a careless handler does to the inbox's transaction: ``commit`` or ``rollback`` it,
     then ``begin`` one of its own if ``how`` says so."""
@@ -947,3 +926,26 @@ async def test_a_handler_that_ends_the_inbox_transaction_stops_the_consumer(
     assert outcomes == ["duplicate"] * len(committed) + ["handled"] * (5 - len(committed))
     rows = await store.execute(f"SELECT n FROM {table} ORDER BY n")
     assert [r["n"] for r in rows] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("how", ["rollback", "rollback-begin", "commit-begin"])
+async def test_a_re_drive_whose_handler_ends_the_transaction_stops_the_consumer(
+    sql_store: tuple[str, Any, str], how: str
+) -> None:
+    """The re-drive loop outlives other errors, retrying them; this one it would repeat with
+    every retry (and what the handler committed with it): the consumer stops with it."""
+    _, store, _ = sql_store
+    registry = HandlerRegistry()
+
+    @registry.handler("job")
+    async def job(payload: dict[str, int], ctx: HandlerContext) -> None:
+        if ctx.attempt == 1:
+            raise RuntimeError("the first attempt fails")
+        await _end(ctx.connection, how)
+
+    inbox = Inbox(store, registry, settings())
+    assert await inbox.receive_batch([event({"n": 1}, "job")]) == ["retrying"]
+    with pytest.raises(outboxer.HandlerEndedTransaction):
+        await asyncio.wait_for(run_consumer(inbox, OneBatch([], [])), 10)
+    rows = await store.execute("SELECT attempts AS n FROM {inbox_failures}")
+    assert [r["n"] for r in rows] == [1]  # the failure stays, re-driven after the restart
