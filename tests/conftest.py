@@ -108,10 +108,15 @@ async def wait_past_commit_gate(store: PostgresStore, timeout: float = 60.0) -> 
 
 
 async def give_up_on(
-    store: Any, message_id: str, *, consumer: str = "mailer", payload: bytes = b"{}"
+    store: Any,
+    message_id: str,
+    *,
+    consumer: str = "mailer",
+    payload: bytes = b"{}",
+    topic: str = "orders",
 ) -> None:
-    """A consumer of ``store`` fails on ``message_id`` (topic ``orders``) and gives up at once:
-    a consume dead letter, as ``outboxer consume`` writes one."""
+    """A consumer of ``store`` fails on ``message_id`` (of ``topic``) and gives up at once: a
+    consume dead letter, as ``outboxer consume`` writes one."""
     from outboxer.inbox import consume
     from outboxer.message import Message
     from outboxer.ports import ConsumeFailure
@@ -119,7 +124,7 @@ async def give_up_on(
     async def failing(message: Message, connection: Any, attempt: int) -> None:
         raise RuntimeError("the mail server said no")
 
-    received = Message(id=message_id, topic="orders", payload=payload)
+    received = Message(id=message_id, topic=topic, payload=payload)
     outcomes = await consume(
         store,
         consumer,

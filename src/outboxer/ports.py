@@ -524,8 +524,27 @@ class DeadLetterStore(Protocol):
 
 def dead_letter_not_found(dead_letter_id: str, direction: Direction | None) -> NotFound:
     """The error of a dead letter that is not there (of ``direction``, if given)."""
+    return dead_letters_not_found([dead_letter_id], direction)
+
+
+def dead_letters_not_found(ids: Sequence[str], direction: Direction | None) -> NotFound:
+    """The error of dead letters that are not there: the first ten ids, quoted."""
     kind = "dead letter" if direction is None else f"{direction} dead letter"
-    return NotFound(f"no {kind} with id {dead_letter_id!r}")
+    more = f" (+{len(ids) - 10} more)" if len(ids) > 10 else ""
+    return NotFound(f"no {kind} with id {', '.join(repr(i) for i in ids[:10])}{more}")
+
+
+async def missing_dead_letters(
+    store: DeadLetterStore, ids: Sequence[str], direction: Direction | None
+) -> list[str]:
+    """Those of ``ids`` (each once, in order) with no dead letter (of ``direction``, if given):
+    the check before a replay or purge by ids, which acts on none of them unless all exist."""
+    wanted = list(dict.fromkeys(ids))
+    if direction is None:
+        known = await store.known_dead_letter_ids(wanted)
+    else:
+        known = set(await dead_letter_ids(store, DeadLetterFilter(ids=wanted, direction=direction)))
+    return [i for i in wanted if i not in known]
 
 
 async def dead_letter_ids(store: DeadLetterStore, flt: DeadLetterFilter) -> list[str]:

@@ -251,7 +251,7 @@ def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, database: Datab
     # API's 404), so a typo never leaves half of a command done.
     for command, done in ((["replay"], "replayed"), (["purge", "--yes"], "purged")):
         typo = cli("dlq", *command, *db, poison[0], "no-such-id", "--json")
-        assert typo.returncode == 1 and "no dead letter with id no-such-id" in typo.stderr
+        assert typo.returncode == 1 and "no dead letter with id 'no-such-id'" in typo.stderr
         expected = {done: [], "count": 0, "not_found": ["no-such-id"]}
         assert json.loads(typo.stdout) == expected | (
             {"skipped": []} if command == ["replay"] else {}

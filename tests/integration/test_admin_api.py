@@ -12,6 +12,8 @@ import datetime as dt
 import json
 import logging
 import os
+import pty
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -40,7 +42,7 @@ from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore
-from tests.acceptance.conftest import OUTBOXER, ROOT
+from tests.acceptance.conftest import OUTBOXER, PYTHONPATH, ROOT
 from tests.conftest import give_up_on, mysql_connect
 
 TOKEN = "test-admin-token-0123456789abcdef"
@@ -313,6 +315,54 @@ async def test_an_id_with_a_publish_and_a_consume_dead_letter_shows_either_and_r
     assert (stats.pending, stats.dead_letters) == (1, 0)  # back in the outbox
 
 
+async def test_a_bulk_by_ids_and_direction_is_all_or_nothing(
+    admin: Client, make_dead: MakeDead, pg_store: PostgresStore
+) -> None:
+    """Found by a probe: with ``direction``, an id with no dead letter of that direction (but
+    one of the other) passed the "all must exist" check, and the others were acted on."""
+    first, second = await make_dead("orders", 2)
+    await give_up_on(pg_store, first)
+    before = await snapshot(pg_store)
+    for verb in ("replay", "purge"):
+        body = {"ids": [first, second], "direction": "consume"}
+        response = await admin.post(f"/api/deadletters/{verb}", json=body)
+        assert f"no consume dead letter with id {second!r}" in assert_problem(response, 404)
+    assert await snapshot(pg_store) == before
+    body = {"ids": [first], "direction": "consume"}
+    response = await admin.post("/api/deadletters/purge", json=body)
+    assert response.json() == {"purged": [first], "count": 1, "not_found": []}
+
+
+async def test_a_filtered_purge_on_a_terminal_acts_on_what_the_filter_selects(
+    make_dead: MakeDead, pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    """On a terminal, ``dlq purge``/``replay`` show a progress bar and act on the ids the
+    filter lists, chunk by chunk. Found by a probe: the chunks kept only the ids and the
+    direction, so ``--topic orders`` also purged the id's consume dead letter of topic
+    ``audit``, which a pipe (no progress bar) left alone."""
+    (dead_id,) = await make_dead("orders", 1)
+    await give_up_on(pg_store, dead_id, topic="audit")
+    filtered = ["--topic", "orders", "--yes"]
+    terminal, stderr = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
+    try:
+        purge = await asyncio.to_thread(
+            subprocess.run,
+            [OUTBOXER, "dlq", "purge", "--database-url", pg_url, "--schema", pg_schema, *filtered],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            timeout=60,
+            env={**env, "PYTHONPATH": PYTHONPATH},
+        )
+    finally:
+        os.close(stderr)
+        os.close(terminal)
+    assert purge.returncode == 0 and "purged 1" in purge.stdout
+    page = await pg_store.list_dead_letters(DeadLetterFilter(), limit=10, cursor=None)
+    assert [(d.id, d.direction, d.topic) for d in page.items] == [(dead_id, "consume", "audit")]
+
+
 async def test_an_id_back_in_the_outbox_with_both_dead_letters_is_replayed_whole_or_not_at_all(
     admin: Client, make_dead: MakeDead, pg_store: PostgresStore, pg_url: str, pg_schema: str
 ) -> None:
@@ -351,6 +401,17 @@ async def test_an_id_back_in_the_outbox_with_both_dead_letters_is_replayed_whole
     assert "'direction' is given more than once" in assert_problem(response, 400)
     response = await admin.get("/api/deadletters", params=[("topic", "a"), ("topic", "b")])
     assert "'topic' is given more than once" in assert_problem(response, 400)
+    # A parameter the route does not take is refused on every route, not only on the lists:
+    # a misspelt ?directon=consume deleted (or replayed) both dead letters of the id.
+    misspelt = {"directon": "consume"}
+    for response in (
+        await admin.delete(f"/api/deadletters/{dead_id}", params=misspelt),
+        await admin.post(f"/api/deadletters/{dead_id}/replay", params=misspelt),
+        await admin.get(f"/api/deadletters/{dead_id}", params=misspelt),
+        await admin.get("/api/stats", params={"x": "1"}),
+    ):
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"][0]["msg"] == "unknown query parameter"
     assert await snapshot(pg_store) == before
     response = await admin.delete(f"/api/deadletters/{dead_id}", params={"direction": "publish"})
     assert response.json() == {"purged": [dead_id], "count": 1, "not_found": []}

@@ -25,8 +25,10 @@ from importlib import resources
 from typing import Annotated, Any, TypedDict
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -74,6 +76,8 @@ from outboxer.ports import (
     OutboxMessage,
     OutboxStats,
     dead_letter_not_found,
+    dead_letters_not_found,
+    missing_dead_letters,
     replay_skipped,
 )
 from outboxer.urls import redact
@@ -234,24 +238,11 @@ def _text_filters(
 TextFilters = Annotated[dict[str, str | None], Depends(_text_filters)]
 
 
-def _refuse_unknown_parameters(request: Request, *known: str) -> None:
-    unknown = sorted(set(request.query_params) - {*known, "limit", "cursor"})
-    if unknown:
-        # A misspelt filter would otherwise silently list everything.
-        raise _unprocessable(["query", unknown[0]], "unknown query parameter")
-
-
-def _list_filter(
-    request: Request, text: TextFilters, direction: Direction | None = None
-) -> DeadLetterFilter:
-    _refuse_unknown_parameters(request, "direction", *text)
+def _list_filter(text: TextFilters, direction: Direction | None = None) -> DeadLetterFilter:
     return DeadLetterFilter(direction=direction, **text)
 
 
-def _message_filter(
-    request: Request, text: TextFilters, state: MessageState | None = None
-) -> MessageFilter:
-    _refuse_unknown_parameters(request, "state", *text)
+def _message_filter(text: TextFilters, state: MessageState | None = None) -> MessageFilter:
     return MessageFilter(state=state, **text)
 
 
@@ -295,21 +286,32 @@ def _item(item: DeadLetter | OutboxMessage) -> dict[str, Any]:
     return body
 
 
-def _single_query_values(request: Request) -> None:
-    """Refuse a query parameter given twice: every parameter of the API takes one value, and
-    taking the last one silently would act on a filter the operator did not mean (a replay or
-    a purge of ``?topic=a&topic=b`` acted on ``b`` alone)."""
+def _declared_query(dependant: Dependant) -> set[str]:
+    """The query parameters a route (and its dependencies) declares."""
+    names = {param.alias for param in dependant.query_params}
+    for dependency in dependant.dependencies:
+        names |= _declared_query(dependency)
+    return names
+
+
+def _checked_query(request: Request) -> None:
+    """Refuse a query parameter the route does not declare (422), or one given twice (400):
+    either would otherwise act on what the operator did not mean: a misspelt filter lists
+    everything, a misspelt ``?directon=consume`` on a DELETE deleted both dead letters of the
+    id, and ``?direction=publish&direction=consume`` took the last value."""
+    route = request.scope.get("route")
+    declared = _declared_query(route.dependant) if isinstance(route, APIRoute) else set()
     seen: set[str] = set()
     for name, _ in request.query_params.multi_items():
+        if name not in declared:
+            raise _unprocessable(["query", name], "unknown query parameter")
         if name in seen:
             raise HTTPException(400, f"query parameter {name!r} is given more than once")
         seen.add(name)
 
 
 # Every /api/ route declares the bearer scheme for the OpenAPI schema; BearerAuth enforces it.
-api = APIRouter(
-    prefix="/api", dependencies=[Depends(_documented_bearer), Depends(_single_query_values)]
-)
+api = APIRouter(prefix="/api", dependencies=[Depends(_documented_bearer), Depends(_checked_query)])
 dead_letters = APIRouter(prefix="/deadletters", tags=["dead letters"])
 messages = APIRouter(prefix="/messages", tags=["messages"])
 probes = APIRouter(tags=["probes"])
@@ -642,11 +644,10 @@ async def _bulk_filter(store: AdminStore, body: DeadLetterFilterBody) -> DeadLet
             topic=body.topic, type=body.type, key=body.key, direction=body.direction
         )
     ids = list(dict.fromkeys(body.ids))
-    flt = DeadLetterFilter(ids=ids, direction=body.direction)
-    missing = sorted(set(ids) - await store.known_dead_letter_ids(ids))
+    missing = sorted(await missing_dead_letters(store, ids, body.direction))
     if missing:
-        raise NotFound(f"no dead letter with id {', '.join(repr(i) for i in missing[:10])}")
-    return flt
+        raise dead_letters_not_found(missing, body.direction)
+    return DeadLetterFilter(ids=ids, direction=body.direction)
 
 
 def _bulk_result(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -33,6 +34,8 @@ from outboxer.ports import (
     DeadLetterFilter,
     Direction,
     dead_letter_ids,
+    dead_letters_not_found,
+    missing_dead_letters,
     replay_skipped,
 )
 
@@ -122,8 +125,7 @@ def _bulk(
         if flt.ids is not None:
             # As the API: an unknown id is refused before anything is done, so a typo in one
             # id never leaves the others replayed or purged and the command exiting 1.
-            known = await store.known_dead_letter_ids(flt.ids)
-            unknown = [i for i in dict.fromkeys(flt.ids) if i not in known]
+            unknown = await missing_dead_letters(store, flt.ids, flt.direction)
             if unknown:
                 return [], [], unknown
         if progress:
@@ -150,10 +152,10 @@ def _bulk(
         fail(
             f"not replayed: {', '.join(sorted(skipped)[:20])}{more}: a message with the same id "
             "is in the outbox again; replay once it is published, or purge the dead letter"
-            + (f"; no dead letter with id {', '.join(missing)}" if missing else "")
+            + (f"; {dead_letters_not_found(missing, flt.direction)}" if missing else "")
         )
     if missing:
-        fail(f"no dead letter with id {', '.join(missing)}")
+        fail(str(dead_letters_not_found(missing, flt.direction)))
 
 
 #: Dead letters per statement when bulk replay/purge shows a progress bar.
@@ -183,7 +185,7 @@ async def _bulk_in_chunks(
         for start in range(0, len(ids), BULK_CHUNK):
             chunk = ids[start : start + BULK_CHUNK]
             try:
-                chosen = DeadLetterFilter(ids=chunk, direction=flt.direction)
+                chosen = dataclasses.replace(flt, ids=chunk)  # and the filter's fields
                 done.extend(await action(store, chosen))
             except OutboxerError as exc:
                 raise OutboxerError(
