@@ -222,12 +222,16 @@ class _StoredEnvelope:
 
     def _envelope_json(self) -> dict[str, Any]:
         """The envelope's part of the JSON shapes; the payload is parsed JSON, text, or
-        ``{"base64": …}`` for other bytes."""
+        ``{"base64": …}`` for other bytes: also for a JSON payload that is not plain JSON
+        (``NaN``, ``Infinity``: no JSON answer can carry them) or nests deeper than
+        :data:`MAX_SHOWN_DEPTH` (a hostile message made every list holding it fail)."""
         try:
             payload: Any = self.payload.decode()
             if self.content_type.startswith("application/json"):
-                payload = json.loads(payload)
-        except (UnicodeDecodeError, ValueError):
+                payload = json.loads(payload, parse_constant=_no_constant)
+                if not _shallow(payload):
+                    raise ValueError("nested too deep")
+        except (UnicodeDecodeError, ValueError, RecursionError):
             import base64
 
             payload = {"base64": base64.b64encode(self.payload).decode()}
@@ -241,6 +245,29 @@ class _StoredEnvelope:
             "headers": dict(self.headers),
             "created_at": self.created_at.isoformat(),
         }
+
+
+#: Nesting depth up to which a JSON payload is shown parsed (deeper: base64).
+MAX_SHOWN_DEPTH = 100
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _shallow(value: Any) -> bool:
+    """Whether ``value`` nests at most :data:`MAX_SHOWN_DEPTH` lists and objects deep (walked
+    without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
+        if children and depth > MAX_SHOWN_DEPTH:
+            return False
+        stack.extend((child, depth + 1) for child in children)
+    return True
 
 
 @dataclass(frozen=True, slots=True)

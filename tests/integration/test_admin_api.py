@@ -8,6 +8,7 @@ every refused call is checked to have changed nothing.
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import json
 import logging
@@ -331,6 +332,40 @@ async def test_a_bulk_by_ids_and_direction_is_all_or_nothing(
     body = {"ids": [first], "direction": "consume"}
     response = await admin.post("/api/deadletters/purge", json=body)
     assert response.json() == {"purged": [first], "count": 1, "not_found": []}
+
+
+async def test_a_hostile_json_payload_is_shown_as_base64_and_the_list_still_answers(
+    admin: Client, pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    """Found by a probe: one consume dead letter whose JSON payload nests 100,000 deep made
+    the list (API, dashboard, ``dlq list --json``) fail with a RecursionError, and ``NaN`` in
+    a payload came out as ``NaN`` in ``--json`` (not JSON) and ``null`` in the API."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    constants = b"[NaN, Infinity, -Infinity]"
+    await give_up_on(pg_store, "deep-1", payload=deep)
+    await give_up_on(pg_store, "nan-1", payload=constants)
+    await give_up_on(pg_store, "fine-1", payload=b'{"order": [1, {"id": 2}]}')
+    response = await admin.get("/api/deadletters")
+    assert response.status_code == 200, response.text
+    shown = {item["id"]: item["payload"] for item in response.json()["items"]}
+    assert shown == {
+        "deep-1": {"base64": base64.b64encode(deep).decode()},
+        "nan-1": {"base64": base64.b64encode(constants).decode()},
+        "fine-1": {"order": [1, {"id": 2}]},
+    }
+    assert (await admin.get("/api/deadletters/deep-1")).status_code == 200
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
+    for command in (["list"], ["show", "nan-1"], ["show", "deep-1"]):
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [OUTBOXER, "dlq", *command, "--database-url", pg_url, "--schema", pg_schema, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**env, "PYTHONPATH": PYTHONPATH},
+        )
+        assert result.returncode == 0, result.stderr
+        json.loads(result.stdout, parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
 
 
 async def test_a_filtered_purge_on_a_terminal_acts_on_what_the_filter_selects(
