@@ -17,6 +17,7 @@ import pty
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 import asyncpg
 import httpx
@@ -366,6 +367,25 @@ async def test_a_hostile_json_payload_is_shown_as_base64_and_the_list_still_answ
         )
         assert result.returncode == 0, result.stderr
         json.loads(result.stdout, parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
+
+
+async def test_an_id_with_a_slash_can_be_shown_replayed_and_deleted(
+    admin: Client, pg_store: PostgresStore
+) -> None:
+    """Ids are any text (``orders/42``); the routes took one path segment, so the dashboard's
+    buttons and the API answered 404 for such a dead letter (a probe)."""
+    for dead_id in ("orders/42", "a/b/replay"):
+        await give_up_on(pg_store, dead_id)
+    path = "/api/deadletters/" + quote("orders/42", safe="")
+    shown = await admin.get(path)
+    assert shown.status_code == 200 and shown.json()["id"] == "orders/42", shown.text
+    response = await admin.post(path + "/replay", params={"direction": "consume"})
+    assert response.json()["replayed"] == ["orders/42"], response.text
+    path = "/api/deadletters/" + quote("a/b/replay", safe="")
+    assert (await admin.get(path)).json()["id"] == "a/b/replay"
+    response = await admin.delete(path)
+    assert response.json() == {"purged": ["a/b/replay"], "count": 1, "not_found": []}
+    assert (await pg_store.stats()).dead_letters == 0
 
 
 async def test_a_filtered_purge_on_a_terminal_acts_on_what_the_filter_selects(

@@ -330,7 +330,7 @@ async def list_dead_letters(
 
 
 @dead_letters.get(
-    "/{dead_letter_id}",
+    "/{dead_letter_id:path}",
     response_model=DeadLetterOut,
     responses={**_ERRORS, 404: _MUTATION_ERRORS[404]},
     summary="One dead letter with payload, reason and attempts",
@@ -382,7 +382,7 @@ _BACK_IN_THE_OUTBOX = (
 
 
 @dead_letters.post(
-    "/{dead_letter_id}/replay",
+    "/{dead_letter_id:path}/replay",
     response_model=BulkResult,
     responses={**_MUTATION_ERRORS, 409: {"model": Problem, "description": "Not replayable."}},
     summary="Replay one dead letter",
@@ -417,7 +417,7 @@ async def _back_in_the_outbox(store: AdminStore, dead_letter_id: str) -> bool:
 
 
 @dead_letters.delete(
-    "/{dead_letter_id}",
+    "/{dead_letter_id:path}",
     response_model=BulkResult,
     responses=_MUTATION_ERRORS,
     summary="Discard one dead letter",
@@ -449,7 +449,7 @@ async def list_messages(store: StoreDep, page: PageRequest, flt: MessageQuery) -
 
 
 @messages.get(
-    "/{message_id}",
+    "/{message_id:path}",
     response_model=MessageOut,
     responses={**_ERRORS, 404: {"model": Problem, "description": "Not in the outbox."}},
     summary="One message not yet published, with its payload, state and last error",
