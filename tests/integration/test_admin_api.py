@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import pty
+import random
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -34,6 +35,7 @@ from outboxer.ports import (
     ClaimRequest,
     ConsumeFailure,
     DeadLetterFilter,
+    MessageFilter,
     OutboxStats,
     RelayInfo,
     Retry,
@@ -1411,3 +1413,40 @@ async def test_large_payloads_page_by_bytes_and_bulk_ids_still_find_them(
     replayed = await admin.post("/api/deadletters/replay", json={"ids": ids})
     assert replayed.status_code == 200, replayed.text
     assert replayed.json()["count"] == 5 and replayed.json()["not_found"] == []
+
+
+async def test_operators_racing_on_the_same_dead_letters_on_mariadb(
+    mysql_store: MysqlStore, mysql_database: str
+) -> None:
+    """Replays and purges of the same dead letters at once, one by one and in bulk. A probe got
+    503s on MariaDB (InnoDB's deadlock victims, which are now run again): every operation
+    answers, and each dead letter ends either back in the outbox, once, or gone."""
+    outbox = Outbox(schema=mysql_database)
+    conn = await mysql_connect(mysql_database)
+    try:
+        await conn.begin()
+        ids = [await outbox.enqueue_async(conn, "orders", {"n": n}) for n in range(60)]
+        await conn.commit()
+    finally:
+        conn.close()
+    claim = await mysql_store.claim_batch(
+        ClaimRequest(limit=100, lease_seconds=30, ordered=False, relay_id="r")
+    )
+    await mysql_store.settle(claim, Settlement(dead=[(i, "rejected") for i in ids]))
+    operations: list[Awaitable[list[str]]] = []
+    for n, dead_id in enumerate(ids):
+        one = DeadLetterFilter(ids=[dead_id])
+        operations += [mysql_store.replay_dead_letters(one), mysql_store.purge_dead_letters(one)]
+        if n % 10 == 0:
+            some = DeadLetterFilter(ids=ids[n : n + 10])
+            operations += [
+                mysql_store.replay_dead_letters(some),
+                mysql_store.purge_dead_letters(some),
+            ]
+    random.Random(7).shuffle(operations)
+    await asyncio.gather(*operations)  # none fails
+    stats = await mysql_store.stats()
+    assert stats.dead_letters == 0
+    page = await mysql_store.list_messages(MessageFilter(), limit=1000, cursor=None)
+    back = [m.id for m in page.items]
+    assert len(back) == len(set(back)) and set(back) <= set(ids)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from outboxer.stores.mysql.relay import keep_in_order, seq_ranges
 
 
@@ -43,3 +45,38 @@ def test_nothing_after_a_refused_candidate_of_its_key_is_kept() -> None:
 def test_the_ranges_of_a_bounded_claim_start_at_the_heads_and_merge_when_they_touch() -> None:
     assert seq_ranges([], 10) == ""
     assert seq_ranges([30, 1, 5, 41], 10) == "o.seq BETWEEN 1 AND 15 OR o.seq BETWEEN 30 AND 51"
+
+
+async def test_a_deadlock_victim_runs_again_and_other_failures_do_not() -> None:
+    """InnoDB rolls a deadlock victim back whole: claims, replays and purges run again at once
+    (two operators replaying the same dead letters got a 503 on MariaDB: a probe); any other
+    unavailability is the caller's, and so is a deadlock that keeps coming back."""
+    from asyncmy.errors import OperationalError
+
+    from outboxer.errors import StoreUnavailable
+    from outboxer.stores.mysql.connection import retried_on_deadlock
+
+    def failure(code: int) -> StoreUnavailable:
+        error = StoreUnavailable(f"MySQL: {code}")
+        error.__cause__ = OperationalError(code, "Deadlock found when trying to get lock")
+        return error
+
+    runs: list[int] = []
+
+    async def transaction(failures: list[int]) -> str:
+        runs.append(len(runs))
+        if failures:
+            raise failure(failures.pop(0))
+        return "done"
+
+    twice = [1213, 1213]
+    assert await retried_on_deadlock(lambda: transaction(twice)) == "done"
+    assert len(runs) == 3
+    runs.clear()
+    with pytest.raises(StoreUnavailable, match="1205"):  # a lock wait timeout: not retried
+        await retried_on_deadlock(lambda: transaction([1205, 1205]))
+    assert len(runs) == 1
+    runs.clear()
+    with pytest.raises(StoreUnavailable, match="1213"):
+        await retried_on_deadlock(lambda: transaction([1213]))  # every time
+    assert len(runs) == 3

@@ -407,10 +407,13 @@ async def replay_one(
 
 async def _back_in_the_outbox(store: AdminStore, dead_letter_id: str) -> bool:
     """Whether the id has a publish dead letter while a message with the id is in the outbox
-    again (a replay leaves such a dead letter where it is)."""
+    again (a replay leaves such a dead letter where it is). The message is looked for first:
+    a replay by another operator moves the dead letter to the outbox in one transaction, so
+    the message seen before the dead letter is still there is not that replay's (the other
+    order answered 409 to the second of two operators replaying the same dead letter)."""
     try:
-        await store.get_dead_letter(dead_letter_id, "publish")
         await store.get_message(dead_letter_id)
+        await store.get_dead_letter(dead_letter_id, "publish")
     except NotFound:
         return False
     return True

@@ -38,8 +38,8 @@ import contextvars
 import hashlib
 import logging
 from asyncio import CancelledError
-from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import asyncmy
 from asyncmy import errors as mysql_errors
@@ -120,6 +120,26 @@ def connect_options(url: ParsedUrl) -> dict[str, Any]:
         "autocommit": True,
         "init_command": _SESSION,
     }
+
+
+_T = TypeVar("_T")
+#: A transaction chosen as a deadlock victim is run again at once, this many times in all.
+_DEADLOCK_ATTEMPTS = 3
+_DEADLOCK = 1213
+
+
+async def retried_on_deadlock(transaction: Callable[[], Awaitable[_T]]) -> _T:
+    """``await transaction()``, run again at once when InnoDB chose it as a deadlock victim
+    (it was rolled back whole, so nothing of it stays), rather than failing as an outage."""
+    attempt = 1
+    while True:
+        try:
+            return await transaction()
+        except StoreUnavailable as exc:
+            cause = exc.__cause__
+            if cause is None or error_code(cause) != _DEADLOCK or attempt == _DEADLOCK_ATTEMPTS:
+                raise
+            attempt += 1
 
 
 def error_code(exc: BaseException) -> int | None:

@@ -21,6 +21,7 @@ from outboxer.stores.mysql.connection import (
     execute,
     fetch_all,
     fetch_one,
+    retried_on_deadlock,
 )
 from outboxer.stores.mysql.relay import micros, text_row
 
@@ -80,7 +81,11 @@ class MysqlDeadLetters(MysqlPart, DeadLetterViews):
 
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         """Publish dead letters go back to the outbox; consume dead letters are re-driven to
-        the consumers that gave up on them (see docs/inbox.md)."""
+        the consumers that gave up on them (see docs/inbox.md). Two operators acting on the
+        same dead letters at once may deadlock: the victim runs again."""
+        return await retried_on_deadlock(lambda: self._replay(flt))
+
+    async def _replay(self, flt: DeadLetterFilter) -> list[str]:
         async with self.db.transaction() as conn:
             rows = await fetch_all(conn, self.q["select_dead_letters"], filter_args(flt))
             publish = tuple(r["dl_seq"] for r in rows if r["direction"] == "publish")
@@ -100,6 +105,9 @@ class MysqlDeadLetters(MysqlPart, DeadLetterViews):
         return unique(text_row(r)["id"] for r in [*moved, *consume])
 
     async def purge_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
+        return await retried_on_deadlock(lambda: self._purge(flt))
+
+    async def _purge(self, flt: DeadLetterFilter) -> list[str]:
         async with self.db.transaction() as conn:
             rows = await fetch_all(conn, self.q["select_dead_letters"], filter_args(flt))
             if rows:

@@ -19,26 +19,21 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from outboxer.errors import StoreUnavailable
 from outboxer.ports import Claim, ClaimRequest, RelayInfo, Settlement
 from outboxer.stores._common import claim_from_rows
 from outboxer.stores.mysql.connection import (
     Conn,
     MysqlPart,
-    error_code,
     execute,
     fetch_all,
     fetch_value,
+    retried_on_deadlock,
 )
 
 __all__ = ["MysqlRelay", "keep_in_order", "seq_ranges", "text_row", "utc"]
 
 #: How often an idle relay's doorbell looks for a new row (there is no LISTEN/NOTIFY).
 DOORBELL_POLL = 0.02
-
-#: A claim chosen as a deadlock victim is tried again at once, this many times in all.
-_DEADLOCK_ATTEMPTS = 3
-_DEADLOCK = 1213
 
 #: The ordered claim reads other transactions' uncommitted rows (the commit-order gate).
 _BEGIN_ORDERED = "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED; START TRANSACTION"
@@ -129,17 +124,8 @@ class MysqlRelay(MysqlPart):
     _latest_seq: int | None = None
 
     async def claim_batch(self, request: ClaimRequest) -> Claim:
-        attempt = 1
-        while True:
-            try:
-                return await self._claim_once(request)
-            except StoreUnavailable as exc:
-                # A deadlock victim's transaction was rolled back whole (nothing leased): try
-                # again now, rather than pause the relay as for an outage.
-                cause = exc.__cause__
-                if cause is None or error_code(cause) != _DEADLOCK or attempt == _DEADLOCK_ATTEMPTS:
-                    raise
-                attempt += 1
+        # A deadlock victim leased nothing: claimed again now, not paused as for an outage.
+        return await retried_on_deadlock(lambda: self._claim_once(request))
 
     async def _claim_once(self, request: ClaimRequest) -> Claim:
         token = int.from_bytes(os.urandom(8), "big") >> 1  # a positive BIGINT
