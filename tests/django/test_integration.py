@@ -8,7 +8,9 @@ connections, which see only what Django committed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,14 @@ from pydantic import BaseModel
 import outboxer
 from outboxer.errors import ConfigurationError
 from outboxer.integrations.django import database_url, enqueue, enqueue_many
+from outboxer.integrations.django.conf import (
+    environment,
+    outbox,
+    search_path_schema,
+    tool_names,
+)
 from outboxer.integrations.django.models import DeadLetter
-from outboxer.stores import ddl
+from outboxer.stores import ddl, open_store
 from tests import catalog
 from tests.conftest import give_up_on, unique_name
 from tests.django.conftest import relay_until_empty
@@ -217,6 +225,71 @@ def test_management_commands_take_the_database_from_the_settings(
 
 
 @db
+def test_manage_py_outboxer_says_a_setting_it_cannot_take_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It printed a traceback (a probe); ``call_command`` still raises it."""
+    from outboxer.integrations.django.management.commands.outboxer import Command
+
+    with override_settings(OUTBOXER={"BATCH": 5}), pytest.raises(SystemExit) as exited:
+        Command().run_from_argv(["manage.py", "outboxer", "stats"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("manage.py outboxer: error: OUTBOXER['BATCH'] is no option")
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@contextlib.contextmanager
+def database_settings(alias: str, **changes: Any) -> Iterator[None]:
+    """``DATABASES[alias]`` with ``changes``, for ``database_url`` (Django keeps one settings
+    dict per connection)."""
+    conf = connections[alias].settings_dict
+    saved = dict(conf)
+    conf.update(changes)
+    try:
+        yield
+    finally:
+        conf.clear()
+        conf.update(saved)
+
+
+@db
+def test_the_database_url_carries_sockets_ipv6_and_the_options_the_store_knows() -> None:
+    """Found by a probe: a socket HOST became part of the database name, an IPv6 address was
+    not bracketed, ``OPTIONS`` were dropped, and a ``search_path`` in them (where Django's
+    migrations put the outbox) was not where the commands and the admin looked."""
+    name = connections["default"].settings_dict["NAME"]
+    with database_settings("default", HOST="/var/run/postgresql", PORT=""):
+        url = database_url("default")
+        assert url == f"postgresql://postgres@/{name}?host=%2Fvar%2Frun%2Fpostgresql"
+
+        async def stats() -> int:
+            async with open_store(url, outbox().names) as store:  # through the socket
+                return (await store.stats()).pending
+
+        assert asyncio.run(stats()) == 0
+    options = {"sslmode": "disable", "options": "-c search_path=elsewhere,public", "pool": True}
+    with database_settings("default", HOST="::1", PORT="5432", OPTIONS=options):
+        assert database_url("default") == f"postgresql://postgres@[::1]:5432/{name}?sslmode=disable"
+        assert search_path_schema("default") == "elsewhere"
+        assert environment("default")["OUTBOXER_SCHEMA"] == "elsewhere"
+        assert tool_names("default").schema == "elsewhere"
+        with override_settings(OUTBOXER={"SCHEMA": "mine"}):
+            assert environment("default")["OUTBOXER_SCHEMA"] == "mine"
+            assert tool_names("default").schema == "mine"
+    maria = connections["mariadb"].settings_dict["NAME"]
+    with database_settings("mariadb", HOST="/run/mysqld/mysqld.sock", PORT=""):
+        url = database_url("mariadb")
+        assert url == f"mysql://root@/{maria}?unix_socket=%2Frun%2Fmysqld%2Fmysqld.sock"
+
+        async def maria_stats() -> int:
+            async with open_store(url, outbox().names) as store:
+                return (await store.stats()).pending
+
+        assert asyncio.run(maria_stats()) == 0
+
+
+@db
 @pytest.mark.parametrize("alias", ALIASES)
 def test_dead_letters_in_the_admin_replay_and_delete(alias: str, admin_client: Any) -> None:
     with transaction.atomic(using=alias):
@@ -260,11 +333,21 @@ def test_dead_letters_in_the_admin_replay_and_delete(alias: str, admin_client: A
         assert "Deleted 2 dead letter(s)" in purged.content.decode()
         assert not DeadLetter.objects.using(alias).exists()
 
+        # The store out of reach: the action says so on the page (it was a 500: a probe).
+        if alias != "other":  # (SQLite has no server to be out of reach)
+            consume_dead_letter(alias, ids[2])
+            chosen = {"_selected_action": [DeadLetter.objects.using(alias).get().pk]}
+            with database_settings(alias, PORT="1"):
+                failed = admin_client.post(
+                    "/admin/outboxer/deadletter/", {"action": "replay", **chosen}, follow=True
+                )
+            assert failed.status_code == 200
+            assert "Nothing replayed: " in failed.content.decode()
+            assert DeadLetter.objects.using(alias).count() == 1
+
 
 def consume_dead_letter(alias: str, message_id: str) -> None:
     """A consumer of ``alias``'s outbox database gives up on ``message_id`` at once."""
-    from outboxer.integrations.django import outbox
-    from outboxer.stores import open_store
 
     async def give_up() -> None:
         async with open_store(database_url(alias), outbox().names) as store:

@@ -18,7 +18,8 @@ from typing import Any
 from django.contrib import admin, messages
 
 from outboxer.cli._common import with_store
-from outboxer.integrations.django.conf import database_url, outbox
+from outboxer.errors import OutboxerError
+from outboxer.integrations.django.conf import database_url, outbox, tool_names
 from outboxer.integrations.django.models import DeadLetter
 from outboxer.ports import AdminStore, DeadLetterFilter, Direction
 
@@ -38,7 +39,7 @@ def _on_store(
             done += len(await action(store, DeadLetterFilter(ids=ids, direction=direction)))
         return done
 
-    done = with_store(act, database_url(queryset.db), outbox().names)
+    done = with_store(act, database_url(queryset.db), tool_names(queryset.db))
     return sum(len(ids) for ids in chosen.values()), done
 
 
@@ -90,7 +91,11 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     @admin.action(description="Replay: put back in the outbox", permissions=["replay"])
     def replay(self, request: Any, queryset: Any) -> None:
-        selected, done = _on_store(queryset, lambda store, flt: store.replay_dead_letters(flt))
+        try:
+            selected, done = _on_store(queryset, lambda store, flt: store.replay_dead_letters(flt))
+        except OutboxerError as exc:  # the database down, the schema missing: said, not a 500
+            self.message_user(request, f"nothing replayed: {exc}", messages.ERROR)
+            return
         self.message_user(request, f"replayed {done} dead letter(s)", messages.SUCCESS)
         if selected > done:
             self.message_user(
@@ -102,5 +107,9 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     @admin.action(description="Delete for good", permissions=["purge"])
     def purge(self, request: Any, queryset: Any) -> None:
-        _, done = _on_store(queryset, lambda store, flt: store.purge_dead_letters(flt))
+        try:
+            _, done = _on_store(queryset, lambda store, flt: store.purge_dead_letters(flt))
+        except OutboxerError as exc:
+            self.message_user(request, f"nothing deleted: {exc}", messages.ERROR)
+            return
         self.message_user(request, f"deleted {done} dead letter(s)", messages.SUCCESS)

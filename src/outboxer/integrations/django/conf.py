@@ -6,17 +6,26 @@ Django swaps in) are seen.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from outboxer.config import TableNames
 from outboxer.outbox import Outbox
 
-__all__ = ["ConfiguredOutbox", "database_url", "environment", "outbox"]
+__all__ = [
+    "ConfiguredOutbox",
+    "database_url",
+    "environment",
+    "outbox",
+    "search_path_schema",
+    "tool_names",
+]
 
 #: Keys of ``OUTBOXER`` that are not options of the ``outboxer`` command.
 _OWN = frozenset({"DATABASE"})
@@ -54,7 +63,10 @@ def _configured(table: str, schema: str | None, database: str) -> ConfiguredOutb
 
 def database_url(alias: str | None = None) -> str:
     """The outboxer URL of ``DATABASES[alias]`` (default: ``OUTBOXER["DATABASE"]``), for the
-    commands and the admin: PostgreSQL, MySQL/MariaDB or an SQLite file.
+    commands and the admin: PostgreSQL, MySQL/MariaDB or an SQLite file. A ``HOST`` that is a
+    path is a Unix socket (a directory on PostgreSQL, the socket file on MySQL, or
+    ``OPTIONS["unix_socket"]``); the ``OPTIONS`` the store's URL knows (TLS, timeouts,
+    ``application_name``, ``target_session_attrs``) are carried, the others are Django's.
 
     Raises:
         ImproperlyConfigured: an in-memory SQLite database or another backend.
@@ -74,8 +86,44 @@ def database_url(alias: str | None = None) -> str:
     user = quote(str(conf.get("USER") or ""), safe="")
     password = quote(str(conf.get("PASSWORD") or ""), safe="")
     credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    port = f":{conf['PORT']}" if conf.get("PORT") else ""
-    return f"{scheme}://{credentials}{conf.get('HOST') or ''}{port}/{quote(str(conf['NAME']))}"
+    options = dict(conf.get("OPTIONS") or {})
+    carried = _PG_OPTIONS if scheme == "postgresql" else _MYSQL_OPTIONS
+    query = {key: str(options[key]) for key in carried if options.get(key) is not None}
+    host = str(conf.get("HOST") or "")
+    if host.startswith("/"):  # a Unix socket
+        query["host" if scheme == "postgresql" else "unix_socket"] = host
+        host = ""
+    elif ":" in host:
+        host = f"[{host}]"  # an IPv6 address
+    port = f":{conf['PORT']}" if conf.get("PORT") and host else ""
+    tail = f"?{urlencode(query, quote_via=quote)}" if query else ""
+    return f"{scheme}://{credentials}{host}{port}/{quote(str(conf['NAME']))}{tail}"
+
+
+#: ``OPTIONS`` of a Django database that the store's URL takes as they are.
+_PG_OPTIONS = (
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "application_name",
+    "target_session_attrs",
+    "connect_timeout",
+)
+_MYSQL_OPTIONS = ("unix_socket", "connect_timeout")
+
+
+def search_path_schema(alias: str | None = None) -> str | None:
+    """The first schema of a ``-c search_path=…`` in ``OPTIONS["options"]`` (PostgreSQL): where
+    Django's migrations created the outbox when ``OUTBOXER["SCHEMA"]`` is not set, and so
+    where the commands and the admin must look for it."""
+    connection = connections[alias or outbox().database]
+    options = str((connection.settings_dict.get("OPTIONS") or {}).get("options") or "")
+    found = re.search(r"(?:-c\s*|--)search_path\s*=\s*([^\s,]+)", options)
+    if connection.vendor != "postgresql" or found is None:
+        return None
+    schema = found.group(1).strip("'\"")
+    return None if schema == "$user" else schema
 
 
 def environment(alias: str | None = None) -> dict[str, str]:
@@ -100,7 +148,21 @@ def environment(alias: str | None = None) -> dict[str, str]:
             )
         env[variable] = str(value).lower() if isinstance(value, bool) else str(value)
     env["OUTBOXER_DATABASE_URL"] = database_url(alias)
+    schema = search_path_schema(alias)
+    if schema is not None and "SCHEMA" not in _setting():
+        env["OUTBOXER_SCHEMA"] = schema
     return env
+
+
+def tool_names(alias: str | None = None) -> TableNames:
+    """The table names the admin's store uses: the configured outbox's, in the schema of a
+    ``search_path`` in ``OPTIONS`` when ``OUTBOXER["SCHEMA"]`` is not set (as the commands)."""
+    names = outbox().names
+    if names.schema is None:
+        schema = search_path_schema(alias)
+        if schema is not None:
+            return TableNames(table=names.table, schema=schema)
+    return names
 
 
 def _variables(command: Any) -> set[str]:

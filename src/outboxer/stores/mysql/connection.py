@@ -71,6 +71,11 @@ URL_SPEC = UrlSpec(
         CONNECT_TIMEOUT,
         COMMAND_TIMEOUT,
         Option(
+            "unix_socket",
+            help="A Unix socket to connect through (mysql://app@/app?unix_socket=/run/mysqld/"
+            "mysqld.sock): the host and port are then not used.",
+        ),
+        Option(
             "max_connections",
             "int",
             default=10,
@@ -116,6 +121,7 @@ def connect_options(url: ParsedUrl) -> dict[str, Any]:
         "password": url.password or "",
         "database": url.path or None,
         "connect_timeout": url.options["connect_timeout"],
+        "unix_socket": url.options["unix_socket"],
         "charset": "utf8mb4",
         "autocommit": True,
         "init_command": _SESSION,

@@ -75,6 +75,11 @@ URL_SPEC = urls.UrlSpec(
         urls.Option("sslkey", help="Client key file."),
         urls.Option("application_name", help="Shown in pg_stat_activity."),
         urls.Option(
+            "host",
+            help="A Unix-socket directory to connect through, as libpq's host= "
+            "(postgresql://app@/app?host=/var/run/postgresql).",
+        ),
+        urls.Option(
             "target_session_attrs",
             choices=("any", "primary", "standby", "prefer-standby", "read-write", "read-only"),
             help="Which of several hosts to use.",

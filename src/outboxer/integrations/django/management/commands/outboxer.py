@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
 from outboxer.integrations.django.conf import environment
@@ -40,7 +42,12 @@ class Command(BaseCommand):
 
     def run_from_argv(self, argv: list[str]) -> None:
         # outboxer's parser gets the whole command line (its --help and its errors included)
-        self._outboxer(argv[2:], f"{os.path.basename(argv[0])} {argv[1]}")
+        prog_name = f"{os.path.basename(argv[0])} {argv[1]}"
+        try:
+            self._outboxer(argv[2:], prog_name)
+        except ImproperlyConfigured as exc:  # a setting the command cannot take: one line
+            sys.stderr.write(f"{prog_name}: error: {exc}\n")
+            sys.exit(2)
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._outboxer(list(options["arguments"]), "manage.py outboxer")
