@@ -243,6 +243,9 @@ def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, database: Datab
     nothing = cli("dlq", "purge", *db, "--direction", "consume", "--yes", "--json")
     assert json.loads(nothing.stdout) == {"purged": [], "count": 0, "not_found": []}
     assert cli("dlq", "replay", *db, "--direction", "sideways").returncode == 2
+    # An empty filter (an unset variable in a script) is refused, as by the API (a probe).
+    empty = cli("dlq", "purge", *db, "--key", "", "--yes")
+    assert_one_line_error(empty, 2, "'--key': cannot be empty")
     table = cli("dlq", "list", *db).stdout  # the human table
     assert "DIRECTION" in table and "always rejected" in table
     assert [line.split()[:2] for line in table.splitlines()[1:]] == [[i, "publish"] for i in listed]

@@ -469,6 +469,10 @@ async def test_an_id_back_in_the_outbox_with_both_dead_letters_is_replayed_whole
     ):
         assert response.status_code == 422, response.text
         assert response.json()["detail"][0]["msg"] == "unknown query parameter"
+    # A body not sent as JSON (curl -d sends a form) is a 415 that says how to send it.
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    response = await admin.post("/api/deadletters/purge", content=b'{"all": true}', headers=form)
+    assert "Content-Type: application/json" in assert_problem(response, 415)
     assert await snapshot(pg_store) == before
     response = await admin.delete(f"/api/deadletters/{dead_id}", params={"direction": "publish"})
     assert response.json() == {"purged": [dead_id], "count": 1, "not_found": []}
@@ -682,6 +686,8 @@ async def test_with_a_token_every_api_request_needs_it(
         assert await snapshot(pg_store) == before
         for path in ("/healthz", "/metrics", "/openapi.json", "/"):
             assert (await client.get(path)).status_code == 200, path  # probes stay open
+        for path in ("/healthz", "/readyz", "/"):  # curl -I, a load balancer's check
+            assert (await client.head(path)).status_code in (200, 503), path
         ok = await client.get("/api/deadletters", headers=AUTH)
         assert ok.status_code == 200 and [d["id"] for d in ok.json()["items"]] == [dead_id]
         lower = await client.get("/api/stats", headers={"authorization": f"bearer {TOKEN}"})

@@ -51,6 +51,23 @@ def test_json_line_has_time_level_logger_message_and_extra_fields() -> None:
     assert "relay_id" not in body
 
 
+def test_a_text_line_escapes_the_control_characters_of_its_message() -> None:
+    """A broker's failure reason (or an id) holding an escape sequence or a newline was
+    written raw: it recoloured the terminal or forged a line of its own (a probe)."""
+    line = TextFormatter().format(
+        record("message %s failed: %s", "id\nWARNING forged", "\x1b[31mred\x85 é\tok")
+    )
+    assert line.endswith("message id\\nWARNING forged failed: \\x1b[31mred\\x85 é\tok"), line
+    assert "\n" not in line and "\x1b" not in line
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        failed = logging.getLogger("outboxer.test").makeRecord(
+            "outboxer.test", logging.ERROR, __file__, 1, "failed", (), sys.exc_info()
+        )
+    assert "\nTraceback (most recent call last):\n" in TextFormatter().format(failed)
+
+
 def test_relay_id_comes_from_the_running_relay_task() -> None:
     token = current_relay_id.set("host:42:abc")
     try:

@@ -294,11 +294,18 @@ def _declared_query(dependant: Dependant) -> set[str]:
     return names
 
 
-def _checked_query(request: Request) -> None:
+def _checked_request(request: Request) -> None:
     """Refuse a query parameter the route does not declare (422), or one given twice (400):
     either would otherwise act on what the operator did not mean: a misspelt filter lists
     everything, a misspelt ``?directon=consume`` on a DELETE deleted both dead letters of the
-    id, and ``?direction=publish&direction=consume`` took the last value."""
+    id, and ``?direction=publish&direction=consume`` took the last value. A body that is not
+    sent as JSON is refused with 415 (``curl -d`` sends a form: the 422 said "Input should be
+    a valid dictionary")."""
+    headers = request.headers
+    has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+    content_type = headers.get("content-type", "").partition(";")[0].strip().lower()
+    if has_body and content_type != "application/json":
+        raise HTTPException(415, "send the body as JSON, with Content-Type: application/json")
     route = request.scope.get("route")
     declared = _declared_query(route.dependant) if isinstance(route, APIRoute) else set()
     seen: set[str] = set()
@@ -311,7 +318,9 @@ def _checked_query(request: Request) -> None:
 
 
 # Every /api/ route declares the bearer scheme for the OpenAPI schema; BearerAuth enforces it.
-api = APIRouter(prefix="/api", dependencies=[Depends(_documented_bearer), Depends(_checked_query)])
+api = APIRouter(
+    prefix="/api", dependencies=[Depends(_documented_bearer), Depends(_checked_request)]
+)
 dead_letters = APIRouter(prefix="/deadletters", tags=["dead letters"])
 messages = APIRouter(prefix="/messages", tags=["messages"])
 probes = APIRouter(tags=["probes"])
@@ -477,11 +486,14 @@ async def stats(store: StoreDep) -> dict[str, Any]:
     return figures
 
 
+# The probes and the dashboard answer HEAD too (``curl -I``, load balancers' health checks).
+@probes.head("/healthz", include_in_schema=False)
 @probes.get("/healthz", summary="Liveness: the server answers")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+@probes.head("/readyz", include_in_schema=False)
 @probes.get(
     "/readyz",
     response_model=ReadinessOut,
@@ -508,6 +520,7 @@ async def metrics(
     return Response(render_metrics(snapshot), media_type=CONTENT_TYPE)
 
 
+@probes.head("/", include_in_schema=False)
 @probes.get("/", include_in_schema=False)
 async def dashboard() -> FileResponse:
     return FileResponse(str(_STATIC / "index.html"), media_type="text/html")

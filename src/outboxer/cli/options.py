@@ -114,13 +114,23 @@ database_options = stack(
     names_options,
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+def filter_text(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A filter's text: :func:`stored_text`, and never empty (as the API's 422): ``--key ''``
+    (an unset variable in a script) matched nothing and ``dlq purge`` said "purged 0"."""
+    if value == "":
+        raise click.BadParameter("cannot be empty", ctx, param)
+    return stored_text(ctx, param, value)
+
+
 #: ``--topic``/``--type``/``--key``, the filters dead letters and messages share.
 filter_options = stack(
-    click.option("--topic", default=None, callback=stored_text, help="Only this topic."),
+    click.option("--topic", default=None, callback=filter_text, help="Only this topic."),
     click.option(
-        "--type", "type_", default=None, callback=stored_text, help="Only this message type."
+        "--type", "type_", default=None, callback=filter_text, help="Only this message type."
     ),
-    click.option("--key", default=None, callback=stored_text, help="Only this key."),
+    click.option("--key", default=None, callback=filter_text, help="Only this key."),
 )
 #: ``--limit``/``--cursor`` of a list command (pages of the same size as the admin API's).
 page_options = stack(
