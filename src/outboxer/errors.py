@@ -138,3 +138,19 @@ class BrokerUnavailable(PublishError):
     Counts no attempt against the message; the relay releases its batch and backs off as a whole
     (5 s, 10 s, 20 s, 40 s, capped at 60 s by default) until a publish succeeds again.
     """
+
+
+def error_text(error: BaseException) -> str:
+    """``str(error)``, or ``""`` when that fails too (an exception class whose ``__str__`` has
+    a bug of its own): the failure of one message must not become the relay's or the
+    consumer's (a handler's such exception stalled the relay and crash-looped ``consume``)."""
+    try:
+        return str(error)
+    except Exception:  # noqa: BLE001 - any bug of the error's own __str__
+        return ""
+
+
+def error_summary(error: BaseException) -> str:
+    """``Type: text`` of ``error``, or ``Type`` alone when it has no text (or cannot say it)."""
+    text = error_text(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -528,6 +528,95 @@ async def test_a_handler_that_raises_cancelled_error_fails_like_any_other(
     assert "CancelledError" in warning
 
 
+async def test_a_handler_raising_cancelled_error_through_inprocess_fails_its_message_alone() -> (
+    None
+):
+    """Found by a probe: through ``inprocess://`` the CancelledError passed for the relay's
+    stop; the relay released the batch and claimed it again at once, forever, running the
+    other handler of the batch ~1,000 times a second, nothing retried or dead-lettered. Now it
+    is its message's failure; a real cancellation of the publish still cancels."""
+    registry = HandlerRegistry()
+    ran: list[str] = []
+
+    @registry.handler("Cancels")
+    async def cancels(message: Message) -> None:
+        raise asyncio.CancelledError
+
+    @registry.handler("Fine")
+    async def fine(message: Message) -> None:
+        ran.append(message.id)
+        await asyncio.sleep(0)
+
+    publisher = InProcessPublisher(registry)
+    results = await publisher.publish([event({}, "Cancels", id="c"), event({}, "Fine", id="f")])
+    assert isinstance(results[0], RetryablePublishError)
+    assert "HandlerCancelled" in str(results[0]) and results[1] is None
+    assert ran == ["f"]
+
+    @registry.handler("Slow")
+    async def slow(message: Message) -> None:
+        await asyncio.sleep(10)
+
+    stopping = asyncio.create_task(publisher.publish([event({}, "Slow")]))
+    await asyncio.sleep(0.05)
+    stopping.cancel()  # the relay stopping
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+
+
+class BrokenText(Exception):
+    """A handler's exception whose ``__str__`` has a bug of its own."""
+
+    def __str__(self) -> str:
+        return f"payment declined: {self.detail}"  # type: ignore[attr-defined]
+
+
+async def test_an_exception_that_cannot_say_what_it_is_still_fails_only_its_message() -> None:
+    """Found by a probe: formatting the failure reason raised the exception's own
+    AttributeError: the relay backed off as if the broker were down (the batch's other
+    messages re-run every round) and ``outboxer consume`` crash-looped on the batch."""
+    registry = HandlerRegistry()
+
+    @registry.handler("Pay")
+    def pay(message: Message) -> None:
+        raise BrokenText
+
+    @registry.handler("Async")
+    async def pay_async(message: Message) -> None:
+        raise BrokenText
+
+    store = InMemoryStore()
+    inbox = Inbox(store, registry, settings(max_attempts=1))
+    batch = [event({}, "Pay", id="p"), event({}, "Async", id="a"), event({}, "X", id="x")]
+    assert await inbox.receive_batch(batch) == ["dead", "dead", "ignored"]
+    assert (await store.get_dead_letter("p")).failure_reason == "consumer 'svc': BrokenText"
+    results = await InProcessPublisher(registry).publish(batch[:2])
+    assert [str(r) for r in results] == ["handler raised BrokenText"] * 2
+
+
+async def test_generator_handlers_are_refused_and_a_returned_generator_fails() -> None:
+    """Found by a probe: a handler with ``yield`` never ran its body, and its message counted
+    as handled (published, from ``inprocess://``)."""
+    registry = HandlerRegistry()
+
+    def generator(message: Message) -> Any:
+        yield message
+
+    async def async_generator(message: Message) -> Any:
+        yield message
+
+    for handler in (generator, async_generator):
+        with pytest.raises(ConfigurationError, match="is a generator"):
+            registry.register(handler, "Gen")
+    registry.register(lambda message: generator(message), "Wrapped")
+    store = InMemoryStore()
+    inbox = Inbox(store, registry, settings(max_attempts=1))
+    assert await inbox.receive_batch([event({}, "Wrapped", id="w")]) == ["dead"]
+    assert "returned a generator" in (await store.get_dead_letter("w")).failure_reason
+    [result] = await InProcessPublisher(registry).publish([event({}, "Wrapped", id="v")])
+    assert result is not None and "returned a generator" in str(result)
+
+
 class Escape(BaseException):
     """A handler's own BaseException."""
 

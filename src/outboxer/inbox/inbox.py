@@ -56,9 +56,15 @@ from outboxer.errors import (
     PermanentPublishError,
     PermissionDenied,
     StoreError,
+    error_summary,
 )
 from outboxer.inbox.consume import consume, redrive_consume_failures
-from outboxer.inbox.registry import HandlerRegistry, PermanentHandlerError, exited
+from outboxer.inbox.registry import (
+    HandlerRegistry,
+    PermanentHandlerError,
+    cancelled_itself,
+    exited,
+)
 from outboxer.message import Message
 from outboxer.ports import ConsumeFailure, ConsumeOutcome, InboxStore, SweeperStore
 
@@ -92,11 +98,6 @@ def validate_consumer_name(name: str) -> str:
             "starting with a letter or digit"
         )
     return name
-
-
-class HandlerCancelled(Exception):
-    """A handler raised ``asyncio.CancelledError`` although it was not cancelled: a failure of
-    its message (retried like any other), not a stop of the consumer."""
 
 
 class ConsumerStopping(OutboxerError):
@@ -477,15 +478,13 @@ class Inbox:
         try:
             await route.start(message, connection, self.consumer, attempt)
         except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
-                raise  # the consumer is stopping or abandoning the batch
             # Nobody cancelled the handler: it awaited something cancelled elsewhere (a task
             # of a shared client). Left to propagate, this would pass for a stop and end the
             # batch, nothing recorded or acknowledged: it is the message's failure instead.
-            raise HandlerCancelled(
-                "the handler raised CancelledError without being cancelled"
-            ) from exc
+            failure = cancelled_itself(exc)
+            if failure is None:
+                raise  # the consumer is stopping or abandoning the batch
+            raise failure from exc
         except Exception:
             raise
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, a handler's own
@@ -495,7 +494,7 @@ class Inbox:
             self._handler_runs += 1
 
     def _judge(self, message: Message, attempts: int, error: Exception) -> ConsumeFailure:
-        reason = f"consumer {self.consumer!r}: {type(error).__name__}: {error}"
+        reason = f"consumer {self.consumer!r}: {error_summary(error)}"
         permanent = isinstance(error, PermanentHandlerError | PermanentPublishError)
         if permanent or attempts >= self.settings.max_attempts:
             log.error(

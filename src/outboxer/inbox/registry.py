@@ -45,7 +45,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from outboxer.errors import ConfigurationError, PermanentHandlerError, UndecodablePayload
+from outboxer.errors import (
+    ConfigurationError,
+    PermanentHandlerError,
+    UndecodablePayload,
+    error_text,
+)
 from outboxer.message import Message
 
 __all__ = [
@@ -111,6 +116,10 @@ class _Signature:
                 f"the plain handler {_name(handler)} returned {type(result).__name__}, which "
                 "nothing awaits: declare it 'async def' and await what it calls"
             )
+        if inspect.isgenerator(result) or inspect.isasyncgen(result):
+            raise TypeError(  # (one wrapped in a plain function: its body never runs)
+                f"the handler {_name(handler)} returned a generator, whose body nothing runs"
+            )
         return result
 
 
@@ -123,8 +132,28 @@ class HandlerExited(Exception):
 
 def exited(error: BaseException) -> HandlerExited:
     """The failure of a message whose handler raised ``error`` (not an ``Exception``)."""
-    text = f": {error}" if str(error) else ""
-    exc = HandlerExited(f"the handler raised {type(error).__name__}{text}")
+    text = error_text(error)
+    exc = HandlerExited(f"the handler raised {type(error).__name__}{': ' if text else ''}{text}")
+    exc.__cause__ = error
+    return exc
+
+
+class HandlerCancelled(Exception):
+    """A handler raised ``asyncio.CancelledError`` although it was not cancelled: a failure of
+    its message (retried like any other), not a stop of the consumer or the relay."""
+
+
+def cancelled_itself(error: asyncio.CancelledError) -> HandlerCancelled | None:
+    """The failure of a message whose handler raised ``error`` without its task being
+    cancelled (it awaited something cancelled elsewhere, or raised it by hand); ``None`` when
+    the task was cancelled (the consumer or the relay is stopping): then it propagates. Left to
+    propagate, a handler's own passed for a stop: the relay released its batch and claimed it
+    again at once, running the other handlers of the batch a thousand times a second (a
+    probe)."""
+    task = asyncio.current_task()
+    if task is None or task.cancelling():
+        return None
+    exc = HandlerCancelled("the handler raised CancelledError without being cancelled")
     exc.__cause__ = error
     return exc
 
@@ -336,6 +365,11 @@ def _signature(handler: Handler) -> tuple[_Signature, str | None]:
         raise ConfigurationError(
             f"handler {_name(handler)} must take (payload) or (payload, ctx), "
             f"not {len(required)} required parameters"
+        )
+    if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
+        raise ConfigurationError(
+            f"handler {_name(handler)} is a generator (it has 'yield'): its body would never "
+            "run; return instead of yielding"
         )
     decode, type_name = _decoder_for(_payload_annotation(target, positional[0]), handler)
     signature = _Signature(

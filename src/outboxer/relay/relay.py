@@ -61,6 +61,8 @@ from outboxer.errors import (
     PublishError,
     RelayFailed,
     StoreError,
+    error_summary,
+    error_text,
 )
 from outboxer.message import Message
 from outboxer.ports import (
@@ -179,9 +181,9 @@ def _log_death(task: asyncio.Task[None]) -> None:
 def _reason(error: BaseException) -> str:
     # A PublishError's text is written for operators; anything else, or one without text, gets
     # its type name: a dead letter's reason is never empty.
-    text = str(error).strip()
+    text = error_text(error).strip()
     if not isinstance(error, PublishError) or not text:
-        text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+        text = error_summary(error).strip()
     return failure_reason(text)  # (cut to MAX_REASON characters)
 
 

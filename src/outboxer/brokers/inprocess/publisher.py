@@ -28,12 +28,14 @@ from outboxer.errors import (
     PermanentPublishError,
     PublishError,
     RetryablePublishError,
+    error_summary,
 )
 from outboxer.inbox.registry import (
     Handler,
     HandlerContext,
     HandlerRegistry,
     PermanentHandlerError,
+    cancelled_itself,
     exited,
     load_registry,
 )
@@ -45,9 +47,10 @@ __all__ = ["InProcessPublisher"]
 def _as_publish_error(exc: BaseException) -> PublishError:
     if isinstance(exc, PermanentPublishError | BrokerUnavailable | RetryablePublishError):
         return exc
+    text = f"handler raised {error_summary(exc)}"
     if isinstance(exc, PermanentHandlerError):  # e.g. a payload that does not decode
-        return PermanentPublishError(f"handler raised {type(exc).__name__}: {exc}")
-    return RetryablePublishError(f"handler raised {type(exc).__name__}: {exc}")
+        return PermanentPublishError(text)
+    return RetryablePublishError(text)
 
 
 class InProcessPublisher:
@@ -118,8 +121,11 @@ class InProcessPublisher:
                 await route.start(message, attempt=message.attempts + 1)
         except Exception as exc:  # noqa: BLE001 - a handler's failure is the message's
             results[index] = _as_publish_error(exc)
-        except asyncio.CancelledError:
-            raise  # the relay is stopping
+        except asyncio.CancelledError as exc:
+            failure = cancelled_itself(exc)
+            if failure is None:
+                raise  # the relay is stopping
+            results[index] = _as_publish_error(failure)
         except BaseException as exc:  # noqa: BLE001 - SystemExit, a handler's own, ...
             results[index] = _as_publish_error(exited(exc))
 
