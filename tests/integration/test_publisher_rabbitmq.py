@@ -291,13 +291,18 @@ async def test_refuses_what_amqp_cannot_carry(url: str, bound: Inspector, topic:
         big = Message(id="big", topic=topic, payload=b"x" * 1001)
         fine = make_message(topic, 4, type="é" * 127)  # 254 bytes: still fits
         broken = make_message(topic, 5, type="bad \udc80 surrogate")  # not encodable
-        results = await publisher.publish([long_topic, long_type, long_header, big, broken, fine])
-    assert [type(r) for r in results[:5]] == [PermanentPublishError] * 5
+        # Headers over one frame (a probe: RabbitMQ closed the connection, an outage forever)
+        huge_headers = make_message(topic, 6, headers={"trace": "x" * 200_000})
+        batch = [long_topic, long_type, long_header, big, broken, huge_headers, fine]
+        results = await publisher.publish(batch)
+        assert (await publisher.publish([make_message(topic, 7)])) == [None]  # still connected
+    assert [type(r) for r in results[:6]] == [PermanentPublishError] * 6
     assert "routing key" in str(results[0])
     assert "max_message_size" in str(results[3])
     assert "cannot encode" in str(results[4])
-    assert results[5] is None
-    assert await asyncio.to_thread(bound.count, topic) == 1
+    assert "more than one AMQP frame holds" in str(results[5])
+    assert results[6] is None
+    assert await asyncio.to_thread(bound.count, topic) == 2
 
 
 async def test_large_payloads_span_several_frames(

@@ -283,6 +283,13 @@ class _Link:
                 self._publish_frames.clear()
             self._publish_frames[message.topic] = method
         properties = wire.encode_properties(message)
+        if _HEADER_FIXED + len(properties) > self._body_max:
+            # A content header cannot span frames: RabbitMQ would close the connection
+            # (FRAME_ERROR) and the relay take it for an outage, forever (a probe).
+            raise ValueError(
+                f"its headers take {len(properties)} bytes, more than one AMQP frame holds "
+                f"({self._body_max - _HEADER_FIXED} with frame_max {self._body_max + 8})"
+            )
         payload = message.payload
         size = len(payload)
         frames = self._queued
