@@ -126,6 +126,17 @@ def test_db_upgrade_is_idempotent_on_sqlite(cli: Cli, sqlite_url: str) -> None:
     assert again.returncode == 0 and "up to date" in again.stdout
 
 
+def test_an_sqlite_path_that_cannot_be_a_database_is_one_line(cli: Cli, tmp_path: Path) -> None:
+    """Found by a probe: after the one-line error, aiosqlite's thread reported to the closed
+    event loop: a 25-line traceback, most runs."""
+    directory = f"sqlite:///{tmp_path}"
+    for command in (["stats"], ["dlq", "list"], ["db", "upgrade"]):
+        result = cli(*command, "--database-url", directory)
+        assert_one_line_error(result, 2, "is a directory, not a database file")
+    unopenable = f"sqlite:///{tmp_path}/{'a' * 300}"  # a name longer than the system allows
+    assert_one_line_error(cli("db", "upgrade", "--database-url", unopenable), 1, "cannot open")
+
+
 def test_db_upgrade_is_idempotent_on_a_server_database(cli: Cli, server_database: Database) -> None:
     cli.env["OUTBOXER_DATABASE_URL"] = server_database.url  # options come from the environment
     cli.env["OUTBOXER_SCHEMA"] = server_database.schema or ""

@@ -17,6 +17,7 @@ Ownership: the store opens and closes its own connection.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -91,7 +92,17 @@ class SqliteStore(
     async def _connect(self) -> aiosqlite.Connection:
         """Open the connection in autocommit mode (transactions are explicit); a subclass may
         connect differently (``tests/simulation`` runs SQLite without a thread)."""
-        return await aiosqlite.connect(self.path, isolation_level=None, timeout=30)
+        connection = aiosqlite.connect(self.path, isolation_level=None, timeout=30)
+        try:
+            return await connection
+        except BaseException:
+            # aiosqlite stops its thread after a failed connect without waiting for it: the
+            # thread then reported to a closed event loop, a traceback after the one-line error
+            # of `outboxer stats` on a bad path (a probe). Its end is waited for here.
+            thread = getattr(connection, "_thread", None)
+            if thread is not None and thread.is_alive():
+                await asyncio.to_thread(thread.join, 5)
+            raise
 
     async def execute(self, sql: str, *args: Any) -> Sequence[sqlite3.Row]:
         """Run SQL with the outbox placeholders rendered (tests and benchmarks)."""

@@ -98,6 +98,8 @@ class SqliteDatabase:
             return
         if self.path != ":memory:" and not Path(self.path).parent.exists():
             raise ConfigurationError(f"SQLite: directory of {self.path} does not exist")
+        if self._is_directory():
+            raise ConfigurationError(f"SQLite: {self.path} is a directory, not a database file")
         if not create and self.path != ":memory:" and not self._exists():
             return
         try:
@@ -125,6 +127,9 @@ class SqliteDatabase:
     def _exists(self) -> bool:
         # One stat of a local file, outside the event loop's hot path: no thread needed.
         return os.path.exists(self.path)
+
+    def _is_directory(self) -> bool:
+        return os.path.isdir(self.path)
 
     async def close(self) -> None:
         self._opened = False
