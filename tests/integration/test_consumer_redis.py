@@ -115,3 +115,39 @@ def test_consumer_options_are_taken_out_of_the_url() -> None:
     )
     assert (settings.group, settings.claim_idle, settings.block) == ("svc", 2.5, 0.5)
     assert settings.connection.socket_timeout == 3
+
+
+async def test_a_restarted_member_takes_over_what_the_dead_one_left_before_reading_anew() -> None:
+    """A member killed with entries pending; a new member starts while more of the same key are
+    written. Found by a probe: the new member read the new entries at once and handled them
+    before the dead member's, which it reclaimed ``claim_idle`` later: the key's order broken
+    after one kill -9. Now the pending entries go first."""
+    require_service("Redis", "127.0.0.1", 6379)
+    stream = unique_name("ob")
+    client = Redis.from_url(REDIS)
+    seen: list[str] = []
+
+    async def deliver(batch: Sequence[Message]) -> None:
+        seen.extend(m.id for m in batch)
+
+    stop = asyncio.Event()
+    try:
+        await client.xgroup_create(stream, "svc", id="0", mkstream=True)
+        for n in range(5):
+            await client.xadd(stream, {"id": f"m{n}", "key": "k", "payload": "{}"})
+        dead = await client.xreadgroup("svc", "dead-member", {stream: ">"}, count=5)
+        assert len(dead[0][1]) == 5  # read, never acknowledged: the member was killed
+        for n in range(5, 10):
+            await client.xadd(stream, {"id": f"m{n}", "key": "k", "payload": "{}"})
+        url = f"{REDIS}?claim_idle=1&block=0.2"
+        consumer = RedisConsumer(RedisConsumerSettings.from_url(url, name="svc", topics=[stream]))
+        async with consumer:
+            running = asyncio.create_task(consumer.run(deliver, stop))
+            await wait_for(lambda: _true(len(seen) >= 10 or running.done()), "ten entries")
+            stop.set()
+            await running
+        assert seen == [f"m{n}" for n in range(10)]
+        assert (await client.xpending(stream, "svc"))["pending"] == 0
+    finally:
+        await client.delete(stream)
+        await client.aclose()

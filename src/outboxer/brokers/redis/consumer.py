@@ -8,7 +8,10 @@ reads new entries with ``XREADGROUP ... >`` (the next batch while the inbox stor
 one); after the inbox committed the batch, one ``XACK`` per stream acknowledges it. Entries a
 member read but never acknowledged (it was killed, or stopped during a database outage) stay
 pending; every member periodically takes over those idle for longer than ``claim_idle`` with
-``XAUTOCLAIM`` and processes them (the inbox drops the ones already handled). Members that left
+``XAUTOCLAIM`` and processes them (the inbox drops the ones already handled). A starting member
+reads no new entry before the entries pending at its start are taken over (after ``claim_idle``)
+or acknowledged by their live reader: a restart after a crash keeps each key's order, at the
+price of waiting up to ``claim_idle`` for what the dead member left. Members that left
 nothing pending and have been idle for an hour are removed from the group, so restarts do not
 pile up dead member names.
 
@@ -58,6 +61,10 @@ log = logging.getLogger("outboxer.consumer.redis")
 
 #: Members idle this long with nothing pending are removed from the group.
 _FORGET_IDLE_MS = 3_600_000
+#: How often a starting member looks whether the entries left pending are taken over.
+_PENDING_POLL = 0.2
+#: Pending entries read per look (more of this member's own: looked at again).
+_PENDING_SCAN = 1000
 
 
 class RedisConsumer:
@@ -119,14 +126,25 @@ class RedisConsumer:
         failures = 0
         next_claim = 0.0
         claim_every = min(max(self.settings.claim_idle / 2, 0.2), 30.0)
+        #: Per stream, the newest entry pending when this member started (see _left_pending).
+        left: dict[str, str] | None = None
         while not stop.is_set():
             try:
                 if not self._groups_ready:
                     await self._create_groups(client)
-                if time.monotonic() >= next_claim:
+                if left is None:
+                    left = await self._pending_at_start(client)
+                if time.monotonic() >= next_claim or left:
                     if not await self._reclaim(client, deliveries, stop):
                         return
                     next_claim = time.monotonic() + claim_every
+                if left:
+                    left = await self._left_pending(client, left)
+                    if left:
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(_PENDING_POLL):
+                                await stop.wait()
+                        continue
                 if not await self._read(client, deliveries):
                     return
                 failures = 0
@@ -149,6 +167,38 @@ class RedisConsumer:
                     raise
                 log.warning("consumer group missing (stream deleted?): creating it again (%s)", exc)
                 self._groups_ready = False
+
+    async def _pending_at_start(self, client: Redis) -> dict[str, str]:
+        """Per stream, the newest entry other members had read but not acknowledged when this
+        one started (a member killed, or still storing a batch)."""
+        newest: dict[str, str] = {}
+        for stream in self.settings.topics:
+            summary: Any = await client.xpending(stream, self.settings.group)
+            if summary and int(summary.get("pending") or 0):
+                newest[stream] = _text(summary["max"])
+        if newest:
+            log.info(
+                "entries left pending by other members (%s): taken over or acknowledged before "
+                "any new entry is read, so that each key keeps its order",
+                ", ".join(f"{s} up to {i}" for s, i in newest.items()),
+            )
+        return newest
+
+    async def _left_pending(self, client: Redis, newest: dict[str, str]) -> dict[str, str]:
+        """Those of ``newest`` whose streams still have an entry up to it pending with another
+        member. Read before new entries: a member restarted after a crash read the new entries
+        of a key at once and handled them before the dead member's pending ones, which it
+        reclaimed only ``claim_idle`` later (a probe: per-key order broken after one kill -9).
+        They are reclaimed after ``claim_idle`` (or acknowledged by their live reader)."""
+        left = {}
+        for stream, last in newest.items():
+            pending: Any = await client.xpending_range(
+                stream, self.settings.group, min="-", max=last, count=_PENDING_SCAN
+            )
+            owners = {_text(entry["consumer"]) for entry in pending}
+            if owners - {self.member} or len(pending) == _PENDING_SCAN:
+                left[stream] = last
+        return left
 
     async def _read(self, client: Redis, deliveries: Deliveries) -> bool:
         """One XREADGROUP of new entries; False when delivery was stopped (nothing acked)."""
