@@ -111,6 +111,12 @@ class HandlerEndedTransaction(OutboxerError):
             f"{what} ctx.connection, which belongs to the inbox's transaction: the inbox "
             "alone may end it (fix the handler; messages of the batch after it are "
             "delivered again)"
+            + (
+                ""
+                if closed
+                else "; or it went on after an error with which the database rolled the "
+                "transaction back (a deadlock): let such an error propagate"
+            )
         )
         self.message_id = message_id
         self.closed = closed

@@ -45,7 +45,7 @@ from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore
 from tests.acceptance.conftest import PYTHONPATH
-from tests.conftest import unique_name
+from tests.conftest import mysql_connect, unique_name
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -954,6 +954,8 @@ def sql_store(request: pytest.FixtureRequest) -> tuple[str, Any, str]:
     table = unique_name("effects")
     if request.param == "postgres":
         table = f'"{request.getfixturevalue("pg_schema")}".{table}'
+    elif request.param == "mariadb":
+        table = f"`{request.getfixturevalue('mysql_database')}`.{table}"
     return request.param, store, table
 
 
@@ -1038,3 +1040,52 @@ async def test_a_re_drive_whose_handler_ends_the_transaction_stops_the_consumer(
         await asyncio.wait_for(run_consumer(inbox, OneBatch([], [])), 10)
     rows = await store.execute("SELECT attempts AS n FROM {inbox_failures}")
     assert [r["n"] for r in rows] == [1]  # the failure stays, re-driven after the restart
+
+
+async def test_a_handler_chosen_as_a_deadlock_victim_on_mariadb_is_retried_not_blamed(
+    mysql_store: Any, mysql_database: str
+) -> None:
+    """InnoDB rolls a deadlock victim's whole transaction back: the inbox's own. Found by a
+    probe: the inbox took that for the handler ending the transaction and stopped the consumer
+    ("fix the handler"). The chunk is stored again instead; its effects happen once."""
+    db = f"`{mysql_database}`"  # (the store's connections default to another database)
+    await mysql_store.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)")
+    await mysql_store.execute(f"INSERT INTO {db}.t VALUES (1, 0), (2, 0)")
+    await mysql_store.execute(f"CREATE TABLE {db}.big (id INT PRIMARY KEY, v INT)")
+    rows = ", ".join(f"({n}, 0)" for n in range(3, 2003))
+    await mysql_store.execute(f"INSERT INTO {db}.big VALUES {rows}")
+    registry = HandlerRegistry()
+    attempts: list[int] = []
+
+    @registry.handler("Deadlocks")
+    async def deadlocks(message: Message, ctx: HandlerContext) -> None:
+        attempts.append(len(attempts))
+        async with ctx.connection.cursor() as mine:
+            await mine.execute(f"UPDATE {db}.t SET v = v + 1 WHERE id = 1")
+            if len(attempts) > 1:
+                return
+            other = await mysql_connect(mysql_database)
+            try:
+                await other.begin()
+                async with other.cursor() as theirs:
+                    await theirs.execute("UPDATE big SET v = v + 1")  # heavier: not the victim
+                    await theirs.execute("UPDATE t SET v = v + 1 WHERE id = 2")
+                    update = f"UPDATE {db}.t SET v = 1 WHERE id = 2"
+                    waiting = asyncio.create_task(mine.execute(update))
+                    await asyncio.sleep(0.3)
+                    closing = asyncio.create_task(theirs.execute("UPDATE t SET v = 5 WHERE id = 1"))
+                    try:
+                        await waiting  # the deadlock victim: raises 1213
+                    finally:
+                        await closing
+                await other.rollback()
+            finally:
+                other.close()
+
+    outage = Backoff(base=0.05, cap=0.05)
+    inbox = Inbox(mysql_store, registry, settings(outage=outage))
+    batch = [event({}, "Deadlocks", id="d-1")]
+    assert await asyncio.wait_for(inbox.receive_batch(batch), 20) == ["handled"]
+    assert len(attempts) == 2
+    rows = await mysql_store.execute(f"SELECT id, v FROM {db}.t ORDER BY id")
+    assert [(r["id"], r["v"]) for r in rows] == [(1, 1), (2, 0)]

@@ -19,6 +19,8 @@ from outboxer.errors import (
     NotFound,
     SchemaError,
     StoreError,
+    StoreUnavailable,
+    error_summary,
 )
 from outboxer.message import Message
 from outboxer.ports import (
@@ -763,6 +765,8 @@ class SqlInboxSession(abc.ABC):
         except Exception as exc:
             self._handler_statements = True
             if self._in_transaction() is False and not self._connection_closed():
+                if self._rolled_back_by_server(exc):
+                    raise self._rolled_back(message, exc) from exc
                 raise self._ended(message, closed=False) from exc
             return await self._undo(exc, message)
         # Before any other statement: one that ran outside the transaction could not be undone.
@@ -793,9 +797,20 @@ class SqlInboxSession(abc.ABC):
             )
         except Exception as exc:
             if self._savepoint_missing(exc):
+                if self._rolled_back_by_server(error):
+                    raise self._rolled_back(message, error) from error
                 raise await self._began_anew(message) from error
             raise
         return error
+
+    def _rolled_back(self, message: Message, error: Exception) -> StoreUnavailable:
+        """The database rolled the transaction back under the handler of ``message``, with
+        ``error``: not the handler's doing. The chunk's transaction is gone (its inbox rows,
+        the writes of the handlers before), and the chunk is stored again, whole."""
+        return StoreUnavailable(
+            f"the database rolled back the transaction under the handler of message "
+            f"{message.id!r} ({error_summary(error)}); the chunk is stored again"
+        )
 
     async def _began_anew(self, message: Message) -> HandlerEndedTransaction:
         """The handler's savepoint is gone although the connection is in a transaction: the
@@ -807,6 +822,13 @@ class SqlInboxSession(abc.ABC):
 
     def _savepoint_missing(self, error: Exception) -> bool:
         """Whether ``error`` is the database's "no such savepoint"."""
+        return False
+
+    def _rolled_back_by_server(self, error: BaseException) -> bool:
+        """Whether ``error`` (or an error it was raised from) is the database rolling the whole
+        transaction back by itself: InnoDB's deadlock victim. A handler raising it has not
+        ended the transaction: the chunk is retried (it stopped the consumer as the handler's
+        fault: a probe)."""
         return False
 
     def _ended(self, message: Message, *, closed: bool) -> HandlerEndedTransaction:

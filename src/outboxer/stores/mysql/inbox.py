@@ -39,7 +39,13 @@ from outboxer.stores._common import (
     envelope_of,
     pending_failure_from_row,
 )
-from outboxer.stores.mysql.connection import MysqlPart, execute, fetch_all, transaction_on
+from outboxer.stores.mysql.connection import (
+    MysqlPart,
+    error_code,
+    execute,
+    fetch_all,
+    transaction_on,
+)
 from outboxer.stores.mysql.relay import micros, text_row, utc
 from outboxer.writers.mysql import PACKET_MARGIN
 
@@ -52,6 +58,9 @@ _FRESH, _BLOCKED, _DUPLICATE = "f", "b", "d"
 _LARGE_STATEMENT = 1 << 20
 #: ER_SP_DOES_NOT_EXIST: "SAVEPOINT … does not exist".
 _NO_SUCH_SAVEPOINT = 1305
+#: A deadlock victim (and a lock wait timeout with ``innodb_rollback_on_timeout``): InnoDB
+#: rolled the whole transaction back.
+_ROLLED_BACK = frozenset({1213, 1205})
 
 
 #: The bytes asyncmy escapes as two (a backslash before them), in a session without
@@ -92,6 +101,16 @@ class _Session(SqlInboxSession):
 
     def _connection_closed(self) -> bool:
         return not self.connection.connected
+
+    def _rolled_back_by_server(self, error: BaseException) -> bool:
+        seen: set[int] = set()
+        cause: BaseException | None = error
+        while cause is not None and id(cause) not in seen:
+            seen.add(id(cause))
+            if error_code(cause) in _ROLLED_BACK:
+                return True
+            cause = cause.__cause__ or cause.__context__
+        return False
 
     def _savepoint_missing(self, error: Exception) -> bool:
         return isinstance(error, OperationalError) and error.args[:1] == (_NO_SUCH_SAVEPOINT,)
