@@ -264,6 +264,9 @@ def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, database: Datab
     # One unknown id among known ones: refused by name, and nothing replayed or purged (as the
     # API's 404), so a typo never leaves half of a command done.
     for command, done in ((["replay"], "replayed"), (["purge", "--yes"], "purged")):
+        refused = cli("dlq", *command, *db, poison[0], "no-such-id")  # no "replayed 0" first
+        assert_one_line_error(refused, 1, "no dead letter with id 'no-such-id'")
+        assert refused.stdout == ""
         typo = cli("dlq", *command, *db, poison[0], "no-such-id", "--json")
         assert typo.returncode == 1 and "no dead letter with id 'no-such-id'" in typo.stderr
         expected = {done: [], "count": 0, "not_found": ["no-such-id"]}

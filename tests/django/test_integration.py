@@ -259,9 +259,9 @@ def test_the_database_url_carries_sockets_ipv6_and_the_options_the_store_knows()
     not bracketed, ``OPTIONS`` were dropped, and a ``search_path`` in them (where Django's
     migrations put the outbox) was not where the commands and the admin looked."""
     name = connections["default"].settings_dict["NAME"]
-    with database_settings("default", HOST="/var/run/postgresql", PORT=""):
-        url = database_url("default")
-        assert url == f"postgresql://postgres@/{name}?host=%2Fvar%2Frun%2Fpostgresql"
+    with database_settings("default", HOST="/var/run/postgresql", PORT="5432"):
+        url = database_url("default")  # the port names the socket file: kept
+        assert url == f"postgresql://postgres@/{name}?host=%2Fvar%2Frun%2Fpostgresql&port=5432"
 
         async def stats() -> int:
             async with open_store(url, outbox().names) as store:  # through the socket
@@ -272,11 +272,24 @@ def test_the_database_url_carries_sockets_ipv6_and_the_options_the_store_knows()
     with database_settings("default", HOST="::1", PORT="5432", OPTIONS=options):
         assert database_url("default") == f"postgresql://postgres@[::1]:5432/{name}?sslmode=disable"
         assert search_path_schema("default") == "elsewhere"
+        for options, schema in (
+            ("-c search_path=ShopSchema", "shopschema"),  # unquoted: lower case
+            ('-c search_path="ShopSchema"', "ShopSchema"),
+            ("-c search_path=$user,shop", "shop"),
+            ("-c statement_timeout=5 -csearch_path=pg_catalog,shop", "shop"),
+            ("-c SEARCH_PATH=shop", "shop"),
+            ("--search-path=shop", "shop"),
+            ("-c statement_timeout=5", None),
+        ):
+            with database_settings("default", OPTIONS={"options": options}):
+                assert search_path_schema("default") == schema, options
         assert environment("default")["OUTBOXER_SCHEMA"] == "elsewhere"
         assert tool_names("default").schema == "elsewhere"
         with override_settings(OUTBOXER={"SCHEMA": "mine"}):
             assert environment("default")["OUTBOXER_SCHEMA"] == "mine"
             assert tool_names("default").schema == "mine"
+    with database_settings("default", HOST="[::1]", PORT="5432", OPTIONS={}):
+        assert database_url("default") == f"postgresql://postgres@[::1]:5432/{name}"
     maria = connections["mariadb"].settings_dict["NAME"]
     with database_settings("mariadb", HOST="/run/mysqld/mysqld.sock", PORT=""):
         url = database_url("mariadb")

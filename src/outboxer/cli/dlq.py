@@ -143,7 +143,7 @@ def _bulk(
         if verb == "replayed":
             result["skipped"] = skipped
         click.echo(json.dumps(result, indent=2))
-    else:
+    elif done or not missing:  # (ids refused before anything was done: the error alone)
         click.echo(f"{verb} {len(done)} dead letter(s)")
         for i in done:
             click.echo(f"  {printable(i)}")

@@ -6,7 +6,6 @@ Django swaps in) are seen.
 
 from __future__ import annotations
 
-import re
 from functools import cache
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -90,12 +89,15 @@ def database_url(alias: str | None = None) -> str:
     carried = _PG_OPTIONS if scheme == "postgresql" else _MYSQL_OPTIONS
     query = {key: str(options[key]) for key in carried if options.get(key) is not None}
     host = str(conf.get("HOST") or "")
+    port = str(conf.get("PORT") or "")
     if host.startswith("/"):  # a Unix socket
         query["host" if scheme == "postgresql" else "unix_socket"] = host
-        host = ""
-    elif ":" in host:
-        host = f"[{host}]"  # an IPv6 address
-    port = f":{conf['PORT']}" if conf.get("PORT") and host else ""
+        if scheme == "postgresql" and port:
+            query["port"] = port  # PostgreSQL names the socket file after the port
+        host = port = ""
+    elif ":" in host and not host.startswith("["):
+        host = f"[{quote(host, safe=':')}]"  # an IPv6 address (a zone's % encoded)
+    port = f":{port}" if port else ""
     tail = f"?{urlencode(query, quote_via=quote)}" if query else ""
     return f"{scheme}://{credentials}{host}{port}/{quote(str(conf['NAME']))}{tail}"
 
@@ -114,16 +116,77 @@ _MYSQL_OPTIONS = ("unix_socket", "connect_timeout")
 
 
 def search_path_schema(alias: str | None = None) -> str | None:
-    """The first schema of a ``-c search_path=…`` in ``OPTIONS["options"]`` (PostgreSQL): where
-    Django's migrations created the outbox when ``OUTBOXER["SCHEMA"]`` is not set, and so
-    where the commands and the admin must look for it."""
+    """The first schema of a ``search_path`` set in ``OPTIONS["options"]`` (PostgreSQL: ``-c
+    search_path=…``, ``-csearch_path=…``, ``--search-path=…``): where Django's migrations
+    created the outbox when ``OUTBOXER["SCHEMA"]`` is not set, and so where the commands and
+    the admin must look for it. Read as PostgreSQL reads it: unquoted names in lower case,
+    quoted ones as they are, ``$user`` and ``pg_*`` schemas skipped."""
     connection = connections[alias or outbox().database]
-    options = str((connection.settings_dict.get("OPTIONS") or {}).get("options") or "")
-    found = re.search(r"(?:-c\s*|--)search_path\s*=\s*([^\s,]+)", options)
-    if connection.vendor != "postgresql" or found is None:
+    options = (connection.settings_dict.get("OPTIONS") or {}).get("options")
+    if connection.vendor != "postgresql" or not isinstance(options, str):
         return None
-    schema = found.group(1).strip("'\"")
-    return None if schema == "$user" else schema
+    value = _setting_in_options(options, "search_path")
+    if value is None:
+        return None
+    for name in _identifier_list(value):
+        if name != "$user" and not name.startswith("pg_"):
+            return name
+    return None
+
+
+def _setting_in_options(options: str, wanted: str) -> str | None:
+    """The value libpq's ``options`` give the setting ``wanted`` (the last one wins)."""
+    words: list[str] = []
+    word, escaped, started = "", False, False
+    for ch in options:  # libpq: whitespace separates, a backslash escapes the next character
+        if escaped:
+            word, escaped = word + ch, False
+        elif ch == "\\":
+            escaped = started = True
+        elif ch.isspace():
+            if started:
+                words.append(word)
+            word, started = "", False
+        else:
+            word, started = word + ch, True
+    if started:
+        words.append(word)
+    found = None
+    for n, arg in enumerate(words):
+        if arg == "-c" and n + 1 < len(words):
+            setting = words[n + 1]
+        elif arg.startswith("-c") or arg.startswith("--"):
+            setting = arg[2:]
+        else:
+            continue
+        name, equals, value = setting.partition("=")
+        if equals and name.strip().lower().replace("-", "_") == wanted:
+            found = value
+    return found
+
+
+def _identifier_list(value: str) -> list[str]:
+    """The names of a comma-separated list of SQL identifiers (``"My Shop", public``)."""
+    names, name, quoted, n = [], "", False, 0
+    while n < len(value):
+        ch = value[n]
+        if quoted:
+            if ch == '"' and value[n + 1 : n + 2] == '"':
+                name, n = name + '"', n + 1
+            elif ch == '"':
+                quoted = False
+            else:
+                name += ch
+        elif ch == '"':
+            quoted = True
+        elif ch == ",":
+            names.append(name.strip())
+            name = ""
+        else:
+            name += ch.lower()
+        n += 1
+    names.append(name.strip())
+    return [name for name in names if name]
 
 
 def environment(alias: str | None = None) -> dict[str, str]:

@@ -80,6 +80,10 @@ URL_SPEC = urls.UrlSpec(
             "(postgresql://app@/app?host=/var/run/postgresql).",
         ),
         urls.Option(
+            "port",
+            help="The port with a socket directory (host=): it names the socket file.",
+        ),
+        urls.Option(
             "target_session_attrs",
             choices=("any", "primary", "standby", "prefer-standby", "read-write", "read-only"),
             help="Which of several hosts to use.",
