@@ -67,6 +67,9 @@ class Reply:
     headers: tuple[tuple[str, str], ...] = ()
     delay: float = 0.0
     drop: bool = False
+    #: Writes the whole answer itself (a misbehaving receiver: a trickled or endless body),
+    #: then the connection is closed.
+    raw: Callable[[asyncio.StreamWriter], Awaitable[None]] | None = None
 
 
 Responder = Callable[[ReceivedRequest], Reply | Awaitable[Reply]]
@@ -196,6 +199,10 @@ class HttpReceiver:
             if key is not None:
                 self._per_key[key] -= 1
         if reply.drop:
+            return False
+        if reply.raw is not None:
+            with contextlib.suppress(ConnectionError):
+                await reply.raw(writer)
             return False
         close = lowered.get("connection", "").lower() == "close"
         await self._respond(writer, reply, close=close)

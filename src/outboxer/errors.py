@@ -131,7 +131,16 @@ class PublishError(OutboxerError):
 
 
 class RetryablePublishError(PublishError):
-    """A transient failure specific to this message: counts an attempt and is retried later."""
+    """A transient failure specific to this message: counts an attempt and is retried later.
+
+    Attributes:
+        retry_after: Seconds the broker asked to wait before the next attempt (a webhook's
+            ``Retry-After``), or ``None``; the relay waits at least that long (at most an hour).
+    """
+
+    def __init__(self, *args: object, retry_after: float | None = None) -> None:
+        super().__init__(*args)
+        self.retry_after = retry_after
 
 
 class PermanentPublishError(PublishError):

@@ -110,6 +110,16 @@ def storable_text(text: str) -> str:
     return text if _is_storable(text) else _UNSTORABLE.sub("\ufffd", text)
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (control and escape sequences,
+    bidirectional overrides, lone surrogates) written as a Python escape (``\\x1b``), so text
+    that came from a message or an error cannot move the cursor, recolour or rewrite the
+    operator's screen, nor forge a log line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 def _fits(text: str) -> bool:
     """Whether storable ``text`` is at most :data:`MAX_TEXT_BYTES` of UTF-8."""
     return len(text) <= _ALWAYS_FITS or len(text.encode()) <= MAX_TEXT_BYTES

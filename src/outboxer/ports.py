@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 from outboxer.errors import NotFound, PublishError, StoreError
-from outboxer.message import Message, storable_text
+from outboxer.message import Message, printable, storable_text
 
 __all__ = [
     "AdminStore",
@@ -102,7 +102,8 @@ PAGE_PAYLOAD_BYTES = 4 * 1024 * 1024
 
 def failure_reason(text: str) -> str:
     """``text`` as every store keeps it (NUL and lone surrogates, which a broker's or a
-    webhook's error may quote, as U+FFFD: :func:`~outboxer.message.storable_text`; cut to
+    webhook's error may quote, as U+FFFD: :func:`~outboxer.message.storable_text`; other
+    control characters escaped: :func:`~outboxer.message.printable`; cut to
     :data:`MAX_REASON` characters), or :data:`NO_REASON` when it is blank.
 
     Every path that stores a failure goes through this: retries and dead letters of the relay
@@ -110,9 +111,10 @@ def failure_reason(text: str) -> str:
     """
     if not text.strip():
         return NO_REASON
+    text = printable(storable_text(text))  # a receiver's escape sequences: never stored raw
     if len(text) > MAX_REASON:
         text = text[: MAX_REASON - 1] + "…"
-    return storable_text(text)
+    return text
 
 
 @dataclass(frozen=True, slots=True)

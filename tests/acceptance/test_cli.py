@@ -257,6 +257,8 @@ def test_dead_letters_listed_shown_replayed_and_purged(cli: Cli, database: Datab
     # An empty filter (an unset variable in a script) is refused, as by the API (a probe).
     empty = cli("dlq", "purge", *db, "--key", "", "--yes")
     assert_one_line_error(empty, 2, "'--key': cannot be empty")
+    lost = cli("dlq", "list", *db, "--cursor", "")  # a lost cursor is not the first page
+    assert_one_line_error(lost, 2, "invalid cursor ''")
     table = cli("dlq", "list", *db).stdout  # the human table
     assert "DIRECTION" in table and "always rejected" in table
     assert [line.split()[:2] for line in table.splitlines()[1:]] == [[i, "publish"] for i in listed]

@@ -473,6 +473,20 @@ class StoreContract:
         assert (await store.get_dead_letter(dead)).failure_reason == "\ufffd!"
         assert (await store.get_message(retried)).last_error == "HTTP 500: a\ufffdb"
 
+    async def test_a_failure_quoting_control_characters_is_stored_escaped(
+        self, store: Store, add: Add
+    ) -> None:
+        """A receiver's escape sequences (``\x1b[2J`` clears a terminal) were stored raw, for
+        every reader of the table to print (a probe): they are stored as escapes."""
+        retried, dead = await add("t", {"n": 1}), await add("t", {"n": 2})
+        c = await claim(store, 2)
+        reasons = Settlement(
+            retries=[Retry(retried, 0, "HTTP 400 Bad\x1b[31m\tthing")], dead=[(dead, "a\x07\nb")]
+        )
+        await store.settle(c, reasons)
+        assert (await store.get_dead_letter(dead)).failure_reason == "a\\x07\\nb"
+        assert (await store.get_message(retried)).last_error == "HTTP 400 Bad\\x1b[31m\\tthing"
+
     async def test_replay_leaves_a_dead_letter_whose_id_is_back_in_the_outbox(
         self, store: Store, add: Add
     ) -> None:

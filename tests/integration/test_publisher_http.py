@@ -287,6 +287,94 @@ async def test_read_timeout_is_retryable(topic: str) -> None:
     assert "no response" in str(result)
 
 
+def _answer(head: bytes, body: Callable[[], Any] | None = None) -> Reply:
+    """A raw answer: ``head`` (status line and headers), then what ``body`` writes."""
+
+    async def write(writer: asyncio.StreamWriter) -> None:
+        writer.write(head)
+        await writer.drain()
+        if body is not None:
+            await body(writer)
+
+    return Reply(raw=write)
+
+
+async def _trickle(writer: asyncio.StreamWriter) -> None:
+    for _ in range(600):  # a chunk a tenth of a second, for a minute
+        writer.write(b"1\r\nx\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+
+
+async def _endless(writer: asyncio.StreamWriter) -> None:
+    chunk = b"x" * (1 << 20)
+    for _ in range(2000):  # 2 GB, as long as the client reads
+        writer.write(chunk)
+        await writer.drain()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        _answer(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n", _trickle),
+        _answer(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n", _trickle),  # headers
+    ],
+    ids=["body", "headers"],
+)
+async def test_a_trickled_answer_times_out_as_a_whole(reply: Reply, topic: str) -> None:
+    """Found by a probe: a receiver answering a byte at a time kept each read under the
+    timeout, and the relay waited forever (no attempt counted, a window slot held). The
+    timeout is the whole exchange's."""
+    async with (
+        HttpReceiver(lambda request: reply) as rx,
+        HttpPublisher(rx.url, timeout=0.3, connect_timeout=0.2) as pub,
+    ):
+        [result] = await asyncio.wait_for(pub.publish([make_message(topic, 1)]), 10)
+    assert isinstance(result, RetryablePublishError)
+    assert "no response" in str(result)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        _answer(b"HTTP/1.1 200 OK\r\ncontent-length: 2000000000\r\n\r\n", _endless),
+        _answer(b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: 9\r\n\r\nnot gzip!"),
+        _answer(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort"),  # then closed
+    ],
+    ids=["2-GB-body", "bad-gzip", "cut-short"],
+)
+async def test_a_2xx_is_an_acknowledgement_whatever_its_body(reply: Reply, topic: str) -> None:
+    """Found by a probe: a 2 GB body was read whole into memory (4 GB of RSS, 16 s), and a 2xx
+    whose body did not decode or was cut short was a failure: the delivered message was sent
+    again and dead-lettered. The status decides, and at most 64 KiB of a body is read."""
+    async with (
+        HttpReceiver(lambda request: reply) as rx,
+        HttpPublisher(rx.url, timeout=5) as pub,
+    ):
+        results = await asyncio.wait_for(pub.publish([make_message(topic, 1)]), 10)
+    assert list(results) == [None]
+    assert len(rx.requests) == 1
+
+
+async def test_retry_after_is_passed_on_to_the_relay(topic: str) -> None:
+    """The relay waits at least what a 429/503's ``Retry-After`` asks (seconds or a date)."""
+    date = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=120)).strftime(
+        "%a, %d %b %Y %H:%M:%S GMT"
+    )
+    for value, low, high in (("7", 7, 7), (date, 100, 121), ("soon", None, None)):
+        reply = Reply(503, b"busy", headers=(("retry-after", value),))
+        async with (
+            HttpReceiver(lambda request, reply=reply: reply) as rx,
+            HttpPublisher(rx.url) as pub,
+        ):
+            [result] = await pub.publish([make_message(topic, 1)])
+        assert isinstance(result, RetryablePublishError)
+        if low is None:
+            assert result.retry_after is None
+        else:
+            assert result.retry_after is not None and low <= result.retry_after <= high
+
+
 async def test_dropped_connection_is_retried_once_on_a_fresh_connection(topic: str) -> None:
     dropped: set[str] = set()
 

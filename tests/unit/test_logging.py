@@ -57,7 +57,7 @@ def test_a_text_line_escapes_the_control_characters_of_its_message() -> None:
     line = TextFormatter().format(
         record("message %s failed: %s", "id\nWARNING forged", "\x1b[31mred\x85 é\tok")
     )
-    assert line.endswith("message id\\nWARNING forged failed: \\x1b[31mred\\x85 é\tok"), line
+    assert line.endswith("message id\\nWARNING forged failed: \\x1b[31mred\\x85 é\\tok"), line
     assert "\n" not in line and "\x1b" not in line
     try:
         raise RuntimeError("boom")

@@ -20,6 +20,7 @@ from outboxer.errors import (
 from outboxer.message import Message
 from outboxer.ports import Claim, ClaimRequest, DeadLetterFilter, Settlement, SweepReport
 from outboxer.relay import Relay
+from outboxer.relay.relay import MAX_RETRY_AFTER
 from outboxer.testing import InMemoryStore, RecordingPublisher
 
 FAST = RelaySettings(
@@ -99,6 +100,25 @@ class SettleLog(InMemoryStore):
 
     def published(self) -> list[str]:
         return [i for s in self.settlements for i in s.published]
+
+
+async def test_a_retry_waits_at_least_what_the_broker_asked_for() -> None:
+    """A webhook answering 503 with ``Retry-After`` (as docs/brokers/http.md tells receivers
+    to) had its message retried after the relay's own short delay and dead-lettered within
+    seconds (a probe). The retry waits at least that long, at most an hour."""
+    store = SettleLog()
+    asks = {store.enqueue("t", {}, key=f"k{n}"): ask for n, ask in enumerate((30.0, 1e9, None))}
+
+    def shedding(message: Message) -> PublishError | None:
+        return RetryablePublishError("HTTP 503", retry_after=asks[message.id])
+
+    relay = Relay(store, RecordingPublisher(fail=shedding), settings(max_attempts=5))
+    with pytest.raises(TimeoutError):  # the first two wait, the third is retried on
+        await relay.drain(timeout=0.5)
+    first = {r.id: r.delay for s in store.settlements for r in s.retries[:3]}
+    waits = [first[message_id] for message_id in asks]
+    assert waits[:2] == [30.0, MAX_RETRY_AFTER]
+    assert waits[2] < 1  # the relay's own delay
 
 
 class CallSizes(RecordingPublisher):

@@ -19,6 +19,7 @@ import click
 
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError, OutboxerError
+from outboxer.message import printable
 from outboxer.ports import AdminStore, DatabaseStore
 from outboxer.urls import redact
 
@@ -37,16 +38,6 @@ EXIT_FAILURE = 1  # a runtime failure: database unreachable, schema missing, unk
 EXIT_INTERRUPTED = 130
 
 log = logging.getLogger("outboxer.cli")
-
-
-def printable(text: str) -> str:
-    """``text`` with every character a terminal would act on (control and escape sequences,
-    bidirectional overrides, lone surrogates) written as a Python escape (``\x1b``), so text
-    that came from a message or an error cannot move the cursor, recolour or rewrite the
-    operator's screen."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def short(text: str, width: int) -> str:

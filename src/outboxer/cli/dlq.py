@@ -15,7 +15,6 @@ from outboxer.cli._common import (
     echo_list,
     echo_one,
     fail,
-    printable,
     short,
     store_options,
     with_store,
@@ -28,6 +27,7 @@ from outboxer.cli.options import (
     stored_text,
 )
 from outboxer.errors import OutboxerError
+from outboxer.message import printable
 from outboxer.ports import (
     AdminStore,
     DeadLetter,

@@ -6,7 +6,7 @@ from typing import Any, get_args
 
 import click
 
-from outboxer.cli._common import echo_list, echo_one, printable, short
+from outboxer.cli._common import echo_list, echo_one, short
 from outboxer.cli.options import (
     database_options,
     filter_options,
@@ -14,6 +14,7 @@ from outboxer.cli.options import (
     page_options,
     stored_text,
 )
+from outboxer.message import printable
 from outboxer.ports import MessageFilter, MessageState, OutboxMessage
 
 

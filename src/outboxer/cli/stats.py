@@ -7,9 +7,10 @@ from typing import Any
 
 import click
 
-from outboxer.cli._common import printable, with_store
+from outboxer.cli._common import with_store
 from outboxer.cli.options import database_options, json_option
 from outboxer.config import TableNames
+from outboxer.message import printable
 from outboxer.ports import AdminStore
 
 

@@ -30,6 +30,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from outboxer.message import printable
 from outboxer.relay.observer import current_relay_id
 from outboxer.urls import MASK, redact
 
@@ -66,15 +67,6 @@ def _clean(name: str, value: Any) -> Any:
     return redact(str(value))
 
 
-#: Control characters (C0 but tab, DEL, C1): a failure reason or an id comes from outside.
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-
-
-def _escaped(text: str) -> str:
-    """``text`` with its control characters written as escapes (``\\x1b``, ``\\n``)."""
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
-
-
 class TextFormatter(logging.Formatter):
     """The classic ``time LEVEL logger: message`` line, redacted. Control characters of the
     message are escaped: a broker's error or a message id holding an escape sequence or a
@@ -85,7 +77,7 @@ class TextFormatter(logging.Formatter):
         super().__init__(TEXT_FORMAT)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = _escaped(record.message)
+        record.message = printable(record.message)
         return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:

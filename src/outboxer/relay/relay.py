@@ -60,6 +60,7 @@ from outboxer.errors import (
     PermissionDenied,
     PublishError,
     RelayFailed,
+    RetryablePublishError,
     StoreError,
     error_summary,
     error_text,
@@ -176,6 +177,10 @@ def _log_death(task: asyncio.Task[None]) -> None:
     """Done callback of a helper task: its unexpected end is logged, never silent."""
     if not task.cancelled() and task.exception() is not None:
         log.error("task %s died", task.get_name(), exc_info=task.exception())
+
+
+#: The longest ``Retry-After`` a broker may ask the relay to wait (seconds).
+MAX_RETRY_AFTER = 3600.0
 
 
 def _reason(error: BaseException) -> str:
@@ -843,6 +848,8 @@ class Relay:
                 outcomes.append("dead_letter")
             else:
                 delay = self.settings.retry.delay(message.attempts + 1)
+                if isinstance(result, RetryablePublishError) and result.retry_after:
+                    delay = max(delay, min(result.retry_after, MAX_RETRY_AFTER))
                 reason = _reason(result)
                 settlement.retries.append(Retry(message.id, delay, reason))
                 failed.append(FailedPublish(message, message.attempts + 1, reason, delay))

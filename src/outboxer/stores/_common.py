@@ -280,8 +280,10 @@ def to_datetime(value: dt.datetime | float | int) -> dt.datetime:
 
 
 def parse_cursor(cursor: str | None) -> int | None:
-    """Cursors are opaque to clients; here they are the last seen dead-letter sequence."""
-    if cursor is None or cursor == "":
+    """Cursors are opaque to clients; here they are the last seen dead-letter sequence. An
+    empty one is refused (as by the API): a script that lost its cursor (an unset variable)
+    started again from the first page, exit 0 (a probe)."""
+    if cursor is None:
         return None
     try:
         value = int(cursor)

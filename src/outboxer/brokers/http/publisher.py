@@ -8,7 +8,8 @@ parameters named ``outboxer_*`` are outboxer's own and are removed before sendin
 =========================== ========= ================================================
 ``outboxer_concurrency``     64        requests in flight at once (= HTTP/1.1 keep-alive
                                        connections in the pool), across publish calls
-``outboxer_timeout``         10        seconds to wait for the response (read/write)
+``outboxer_timeout``         10        seconds to wait for the response (read/write; with
+                                       the connect timeout, the whole exchange's limit)
 ``outboxer_connect_timeout`` 5         seconds to establish a connection
 ``outboxer_source``          outboxer  the CloudEvents ``source`` attribute
 =========================== ========= ================================================
@@ -51,11 +52,12 @@ Error classification:
 ======================================================== =========================
 what happened                                            result
 ======================================================== =========================
-2xx                                                      acknowledged (``None``)
-408, 429, 5xx, and any status outside 2xx-5xx            ``RetryablePublishError``
+2xx (whatever the body; at most 64 KiB of it is read)     acknowledged (``None``)
+408, 429, 5xx, and any status outside 2xx-5xx            ``RetryablePublishError`` (with
+                                                         ``retry_after`` from ``Retry-After``)
 3xx (redirects are not followed) and other 4xx           ``PermanentPublishError``
 connection refused, DNS failure, connect timeout, proxy  ``BrokerUnavailable``
-read or write timeout (response too slow)                ``RetryablePublishError``
+no complete response in time (read, write, whole)        ``RetryablePublishError``
 connection dropped mid-request (twice in a row)          ``RetryablePublishError``
 reserved/invalid user header                             ``PermanentPublishError``
 ======================================================== =========================
@@ -93,6 +95,9 @@ appear in reprs, logs or error messages; errors name the endpoint as ``scheme://
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
+import email.utils
 import ssl
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -115,6 +120,9 @@ from outboxer.message import Message
 __all__ = ["HttpPublisher"]
 
 _EXCERPT = 200
+#: Bytes of a response body read at most (a keep-alive connection is reused only when the whole
+#: body was read: small bodies are).
+_BODY_READ = 64 * 1024
 #: Connections per httpx pool. httpcore walks every connection of its pool (one readability
 #: check per idle connection) each time it assigns a request, so a single pool of 64
 #: connections costs O(64) per request and ran ~4x slower here than small pools sharing the
@@ -311,12 +319,18 @@ class HttpPublisher:
             return headers
         url = self._url(message.topic)
         where = self.settings.display_endpoint
+        # The whole exchange, not each read: a receiver trickling its answer a byte at a time
+        # held the relay (and the message, never counting an attempt) forever (a probe).
+        deadline = self.settings.connect_timeout + self.settings.timeout
         for attempt in (1, 2):
             try:
-                response = await client.post(url, content=message.payload, headers=headers)
+                async with asyncio.timeout(deadline):
+                    request = client.stream("POST", url, content=message.payload, headers=headers)
+                    async with request as response:
+                        return await _answer(response, where)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.ProxyError) as exc:
                 return BrokerUnavailable(f"cannot connect to {where}: {_describe(exc)}")
-            except httpx.TimeoutException as exc:
+            except (httpx.TimeoutException, TimeoutError) as exc:
                 return RetryablePublishError(
                     f"no response from {where} within {self.settings.timeout:g} s "
                     f"({type(exc).__name__}); the receiver may have processed it"
@@ -329,7 +343,6 @@ class HttpPublisher:
                 return RetryablePublishError(f"request to {where} failed: {_describe(exc)}")
             except Exception as exc:  # noqa: BLE001 - one odd message must not abort the batch
                 return RetryablePublishError(f"request to {where} failed: {_describe(exc)}")
-            return _classify(response, where)
         raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -376,11 +389,25 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _classify(response: httpx.Response, where: str) -> PublishError | None:
+async def _answer(response: httpx.Response, where: str) -> PublishError | None:
+    """What the receiver's answer means. The status decides: a 2xx is an acknowledgement
+    whatever its body (one that did not decode, or was cut short, made a delivered message a
+    failure, delivered again and dead-lettered); of a body only :data:`_BODY_READ` bytes are
+    read (a 2 GB body was read whole into memory) and :data:`_EXCERPT` kept for the reason."""
+    body = b""
+    with contextlib.suppress(httpx.HTTPError):
+        async for chunk in response.aiter_raw():  # raw: a body that does not decode is no error
+            body += chunk
+            if len(body) >= _BODY_READ:
+                break  # the rest is not read: the connection is closed, not reused
+    return _classify(response, body, where)
+
+
+def _classify(response: httpx.Response, body: bytes, where: str) -> PublishError | None:
     status = response.status_code
     if 200 <= status < 300:
         return None
-    excerpt = " ".join(response.content[:_EXCERPT].decode("utf-8", "replace").split())
+    excerpt = " ".join(body[:_EXCERPT].decode("utf-8", "replace").split())
     reason = f"HTTP {status} {response.reason_phrase} from {where}"
     if excerpt:
         reason += f": {excerpt}"
@@ -388,9 +415,25 @@ def _classify(response: httpx.Response, where: str) -> PublishError | None:
         retry_after = response.headers.get("retry-after")
         if retry_after:
             reason += f" (Retry-After: {retry_after[:40]})"
-        return RetryablePublishError(reason)
+        return RetryablePublishError(reason, retry_after=_seconds(retry_after))
     if 300 <= status < 500:
         if 300 <= status < 400:
             reason += " (redirects are not followed: configure the final URL)"
         return PermanentPublishError(reason)
     return RetryablePublishError(reason)
+
+
+def _seconds(retry_after: str | None) -> float | None:
+    """The delay a ``Retry-After`` value asks for (seconds, or an HTTP date), else ``None``."""
+    if not retry_after:
+        return None
+    text = retry_after.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
