@@ -58,7 +58,7 @@ class Shop:
         on_conflict = " ON CONFLICT (customer) DO NOTHING" if conflict else ""
         return (
             f'INSERT INTO "{self.schema}".orders (customer) VALUES ({placeholder})'
-            f"{on_conflict} RETURNING id"
+            f"{on_conflict} RETURNING id, customer"
         )
 
     def orders(self) -> sa.Table:
@@ -77,9 +77,9 @@ class Shop:
                 postgresql.insert(orders)
                 .values(customer=customer)
                 .on_conflict_do_nothing()
-                .returning(orders.c.id)
+                .returning(orders.c.id, orders.c.customer)
             )
-        return sa.insert(orders).values(customer=customer).returning(orders.c.id)
+        return sa.insert(orders).values(customer=customer).returning(orders.c.id, orders.c.customer)
 
     async def committed(self) -> tuple[list[tuple[int, str]], list[dict[str, Any]]]:
         """The orders and the outbox rows, each in write order."""
@@ -239,6 +239,18 @@ async def test_an_insert_that_inserts_nothing_writes_no_message(shop: Shop) -> N
     assert [json.loads(m["payload"]) for m in messages] == [{"id": order}]
 
 
+async def test_a_returned_null_is_json_null(shop: Shop) -> None:
+    """Found by a probe: ``to_json(NULL)`` is NULL, which made the whole payload NULL, and the
+    outbox's NOT NULL refused the business statement itself (the caller's transaction
+    aborted): a nullable column in the payload is ordinary."""
+    async with shop.transaction() as write:
+        payload = {"id": Returned("id"), "who": Returned("customer")}
+        [order] = await write(None, "orders", payload)  # type: ignore[arg-type]
+    orders, messages = await shop.committed()
+    assert orders == [(order, None)]
+    assert [json.loads(m["payload"]) for m in messages] == [{"id": order, "who": None}]
+
+
 REFUSED: list[dict[str, Any]] = [
     *BAD_CALLS,
     {"topic": "t", "payload": {"n": Returned("id"), "x": float("nan")}},
@@ -287,7 +299,10 @@ def test_parameters_are_numbered_after_the_callers() -> None:
     )
     assert args == ["a", "b", "m", "orders", None, '{"id":', ',"n":1}', JSON, "{}", None]
     assert '$3::text, $4::text, b."id"::text, $5::text, ' in sql
-    assert """convert_to($6::text || to_json(b."Order Id")::text || $7::text, 'UTF8')""" in sql
+    assert (
+        "convert_to($6::text || COALESCE(to_json(b.\"Order Id\")::text, 'null') || $7::text, "
+        "'UTF8')" in sql
+    )
     assert sql.endswith("SELECT * FROM outboxer_business")
 
 
@@ -370,3 +385,42 @@ def test_sqlalchemy_marks_a_copy_and_compiles_the_callers_statement() -> None:
     assert str(marked.compile(dialect=postgresql.dialect())) == str(
         statement.compile(dialect=postgresql.dialect())
     )
+
+
+async def test_a_statement_ending_in_a_semicolon_or_a_comment_is_written(
+    pg_url: str, pg_schema: str, pg_store: PostgresStore
+) -> None:
+    """Found by a probe: a trailing ``;`` ended the statement inside the CTE and a trailing
+    ``-- comment`` swallowed the rest of the line: a syntax error that aborted the caller's
+    transaction."""
+    await pg_store.execute(f'CREATE TABLE "{pg_schema}".orders (id bigserial PRIMARY KEY)')
+    outbox = outboxer.Outbox(schema=pg_schema)
+    insert = f'INSERT INTO "{pg_schema}".orders DEFAULT VALUES RETURNING id'
+    conn = await asyncpg.connect(pg_url)
+    try:
+        async with conn.transaction():
+            for ending in (";", " ;\n", " -- a new order", " ; ;"):
+                sql, args = outbox.with_message(
+                    insert + ending, [], "orders", {"id": Returned("id")}, driver="asyncpg"
+                )
+                assert len(await conn.fetch(sql, *args)) == 1
+    finally:
+        await conn.close()
+    assert len(await pg_store.execute("SELECT id FROM {outbox}")) == 4
+
+
+def test_sqlalchemy_returned_takes_a_columns_key_or_its_name() -> None:
+    """Found by a probe: with ``Column("id", key="order_id")``, ``Returned("order_id")`` passed
+    the check and failed in the database (the CTE reads SQL names), ``Returned("id")`` was
+    refused. Both name the column now, as the SQL names it."""
+    orders = sa.Table(
+        "orders", sa.MetaData(), sa.Column("id", sa.BigInteger, primary_key=True, key="order_id")
+    )
+    statement = sa.insert(orders).values().returning(orders.c.order_id)
+    for column in ("order_id", "id"):
+        marked = with_message(statement, "t", {"n": Returned(column)}, key=Returned(column))
+        _, template = marked.get_execution_options()["outboxer_message"]
+        assert template.key.column == "id"
+        assert [c.column for c in template.payload_columns] == ["id"]
+    with pytest.raises(OutboxerError, match="Returned\\('nope'\\)"):
+        with_message(statement, "t", {"n": Returned("nope")})

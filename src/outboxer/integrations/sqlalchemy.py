@@ -33,6 +33,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from outboxer.errors import ConfigurationError
+from outboxer.message import Returned, RowTemplate
 from outboxer.outbox import Outbox
 from outboxer.writers import cte
 
@@ -86,15 +87,35 @@ def with_message(
             "with_message() takes an insert/update/delete with .returning(...): "
             "one message is written per returned row"
         )
-    marked = cast(Statement, statement.execution_options(**{_OPTION: (outbox.names, template)}))
     if template.key or template.payload_columns:
-        returned = marked.exported_columns.keys()  # (memoized: the execution reads it too)
-        for ref in (template.key, *template.payload_columns):
-            if ref is not None and ref.column not in returned:
-                raise ConfigurationError(
-                    f"Returned({ref.column!r}): the statement returns {returned}"
-                )
-    return marked
+        template = _in_sql_names(template, statement)
+    return cast(Statement, statement.execution_options(**{_OPTION: (outbox.names, template)}))
+
+
+def _in_sql_names(
+    template: RowTemplate, statement: sa.Insert | sa.Update | sa.Delete
+) -> RowTemplate:
+    """``template`` with each :class:`~outboxer.Returned` column named as the SQL names it: a
+    Core column's ``key`` may differ from its name (``Column("id", key="order_id")``), and
+    the CTE reads the SQL name (``Returned("order_id")`` passed the check, then failed in the
+    database; ``Returned("id")`` was refused: a probe). Either is accepted."""
+    returned = statement.exported_columns  # (memoized: the execution reads it too)
+    by_key = {key: column.name for key, column in returned.items() if column.name}
+    sql_names = set(by_key.values())
+
+    def sql_name(ref: Returned) -> Returned:
+        if ref.column in by_key:
+            return Returned(by_key[ref.column])
+        if ref.column in sql_names:
+            return ref
+        raise ConfigurationError(
+            f"Returned({ref.column!r}): the statement returns {list(returned.keys())}"
+        )
+
+    return template._replace(
+        key=None if template.key is None else sql_name(template.key),
+        payload_columns=tuple(sql_name(ref) for ref in template.payload_columns),
+    )
 
 
 @event.listens_for(Engine, "before_cursor_execute", retval=True)

@@ -20,11 +20,12 @@ that an application's own ``jsonb`` codec changes nothing (see :mod:`outboxer.wr
 A returned column inside the JSON payload is written by the database (``to_json(column)``)
 between the JSON text outboxer encoded around it: the payload is the same bytes ``enqueue``
 would write, but for the column's value as PostgreSQL writes it in JSON (numbers as numbers,
-text and times as strings). The SQL text depends only on which columns are used, so it is built
-once per shape and the drivers' prepared-statement caches keep it. MariaDB and MySQL have no
-data-modifying CTE (and SQLite's INSERT cannot be one): there, ``enqueue`` in the same
-transaction is the way. Through SQLAlchemy (:mod:`outboxer.integrations.sqlalchemy`), the SQL
-SQLAlchemy compiled for the caller's statement takes its place here.
+text and times as strings, a NULL as ``null``). The SQL text depends only on which columns are
+used, so it is built once per shape and the drivers' prepared-statement caches keep it.
+MariaDB and MySQL have no data-modifying CTE (and SQLite's INSERT cannot be one): there,
+``enqueue`` in the same transaction is the way. Through SQLAlchemy
+(:mod:`outboxer.integrations.sqlalchemy`), the SQL SQLAlchemy compiled for the caller's
+statement takes its place here.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def _column(column: str) -> str:
     return f'b."{quoted}"'
 
 
+def _json(column: str) -> str:
+    """The returned column as JSON text; a NULL as ``null`` (``to_json(NULL)`` is NULL, which
+    made the whole payload NULL and the business statement fail: a probe)."""
+    return f"COALESCE(to_json({_column(column)})::text, 'null')"
+
+
 @functools.cache
 def _insert(
     names: TableNames, key: str | None, payload: tuple[str, ...], style: str, first: int
@@ -78,7 +85,7 @@ def _insert(
     items.append(f"{_column(key)}::text" if key else param("text"))
     items.append(param("text"))  # type
     if payload:  # the JSON text around each column, the column as the database writes JSON
-        joined = "".join(f"{param('text')} || to_json({_column(c)})::text || " for c in payload)
+        joined = "".join(f"{param('text')} || {_json(c)} || " for c in payload)
         items.append(f"convert_to({joined}{param('text')}, 'UTF8')")
     else:
         items.append(param("bytea"))
@@ -147,4 +154,7 @@ def _statement(
     """The whole statement, kept for the statements an application writes again and again: the
     same text object each time, whose hash the drivers' statement caches need not compute."""
     insert = _insert(names, key, payload, style, first)
-    return f"WITH {BUSINESS} AS ({statement}), {MESSAGE} AS ({insert}) SELECT * FROM {BUSINESS}"
+    # A trailing ";" would end the statement inside the CTE, a trailing "-- comment" swallow
+    # the rest of the line: both broke the caller's transaction with a syntax error (a probe).
+    business = statement.rstrip(" \t\r\n;")
+    return f"WITH {BUSINESS} AS ({business}\n), {MESSAGE} AS ({insert}) SELECT * FROM {BUSINESS}"
