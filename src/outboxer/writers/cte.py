@@ -12,10 +12,11 @@ INSERT as one data-modifying CTE, in asyncpg's or psycopg's parameter style.
 
 One round trip instead of two. The caller's statement is never parsed: outboxer's parameters
 are numbered after the caller's (asyncpg ``$n``), appended (psycopg ``%s``) or named
-``outboxer_n`` (psycopg ``%(name)s``). One message per returned row, and the statement returns
-what the caller's returned. Every parameter is cast to its column's type: the types of a
-``SELECT``'s output are not taken from the INSERT's columns, and the headers travel as text so
-that an application's own ``jsonb`` codec changes nothing (see :mod:`outboxer.writers.asyncpg`).
+``outboxer_n`` (psycopg ``%(name)s``; ``outboxer__n`` and so on when the caller has such
+names). One message per returned row, and the statement returns what the caller's returned.
+Every parameter is cast to its column's type: the types of a ``SELECT``'s output are not taken
+from the INSERT's columns, and the headers travel as text so that an application's own
+``jsonb`` codec changes nothing (see :mod:`outboxer.writers.asyncpg`).
 
 A returned column inside the JSON payload is written by the database (``to_json(column)``)
 between the JSON text outboxer encoded around it: the payload is the same bytes ``enqueue``
@@ -50,11 +51,12 @@ MESSAGE = "outboxer_message"
 """The CTE holding the outbox INSERT."""
 
 
-#: How each parameter style writes outboxer's ``n``-th parameter and its cast.
-_PLACEHOLDERS: dict[str, Callable[[int, str], str]] = {
-    "$n": lambda n, type_: f"${n}::{type_}",
-    "%s": lambda n, type_: f"%s::{type_}",
-    "%(name)s": lambda n, type_: f"%(outboxer_{n})s::{type_}",
+#: How each parameter style writes outboxer's ``n``-th parameter and its cast (a named one:
+#: its name's prefix first).
+_PLACEHOLDERS: dict[str, Callable[[str, int, str], str]] = {
+    "$n": lambda prefix, n, type_: f"${n}::{type_}",
+    "%s": lambda prefix, n, type_: f"%s::{type_}",
+    "%(name)s": lambda prefix, n, type_: f"%({prefix}{n})s::{type_}",
 }
 
 
@@ -71,7 +73,12 @@ def _json(column: str) -> str:
 
 @functools.cache
 def _insert(
-    names: TableNames, key: str | None, payload: tuple[str, ...], style: str, first: int
+    names: TableNames,
+    key: str | None,
+    payload: tuple[str, ...],
+    style: str,
+    first: int,
+    prefix: str = "outboxer_",
 ) -> str:
     """The SQL, once per outbox, returned columns (the key's, the payload's), parameter style
     and first number: it depends on nothing else. The parameters are those of :func:`_values`,
@@ -79,7 +86,7 @@ def _insert(
     count = itertools.count(first)
 
     def param(type_: str) -> str:
-        return _PLACEHOLDERS[style](next(count), type_)
+        return _PLACEHOLDERS[style](prefix, next(count), type_)
 
     items = [param("text"), param("text")]  # id, topic
     items.append(f"{_column(key)}::text" if key else param("text"))
@@ -130,10 +137,13 @@ def with_message(
         if driver == "asyncpg":
             raise ConfigurationError("asyncpg takes positional parameters ($1): pass a sequence")
         named = dict(args)
-        if any(name.startswith("outboxer_") for name in named):
-            raise ConfigurationError("parameter names starting with 'outboxer_' are outboxer's")
-        named.update((f"outboxer_{n}", value) for n, value in enumerate(values, 1))
-        return _statement(names, statement, key, payload, "%(name)s", 1), named
+        # Outboxer's names must not be the caller's: SQLAlchemy names its parameters after the
+        # columns, and a column "outboxer_1" made with_message() refuse the table (a probe).
+        prefix = "outboxer_"
+        while any(f"{prefix}{n}" in named for n in range(1, len(values) + 1)):
+            prefix += "_"
+        named.update((f"{prefix}{n}", value) for n, value in enumerate(values, 1))
+        return _statement(names, statement, key, payload, "%(name)s", 1, prefix), named
     positional = list(args)
     style = "$n" if driver == "asyncpg" else "%s"
     return _statement(names, statement, key, payload, style, len(positional) + 1), [
@@ -150,10 +160,11 @@ def _statement(
     payload: tuple[str, ...],
     style: str,
     first: int,
+    prefix: str = "outboxer_",
 ) -> str:
     """The whole statement, kept for the statements an application writes again and again: the
     same text object each time, whose hash the drivers' statement caches need not compute."""
-    insert = _insert(names, key, payload, style, first)
+    insert = _insert(names, key, payload, style, first, prefix)
     # A trailing ";" would end the statement inside the CTE, a trailing "-- comment" swallow
     # the rest of the line: both broke the caller's transaction with a syntax error (a probe).
     business = statement.rstrip(" \t\r\n;")
