@@ -190,3 +190,22 @@ def test_offline_mode_prints_the_ddl_of_db_sql(tmp_path: Path) -> None:
     script = alembic("upgrade", "head", "--sql")
     for statement in ddl.upgrade_statements("postgres", TableNames()):
         assert statement in script
+
+
+def test_a_schema_db_upgrade_built_first_is_left_as_it_is(place: Place, tmp_path: Path) -> None:
+    """Found by a probe: ``op_upgrade`` on a database where ``outboxer db upgrade`` had run
+    (a team adopting Alembic later) failed with each database's own "already exists". Online,
+    the database's record decides: at the migration's version already, nothing is done."""
+    alembic_name, _ = place.names
+    url, sqlalchemy_url, schema = place.urls(alembic_name)
+    options = ["--schema", schema] if schema else []
+    outboxer("db", "upgrade", "--database-url", url, *options)
+    before = place.catalog(alembic_name)
+    alembic = alembic_env(tmp_path / "alembic", sqlalchemy_url, schema)
+    alembic("upgrade", "head")  # the project's orders table, and nothing more of the outbox
+    after = place.catalog(alembic_name)
+    assert after["versions"] == before["versions"]
+    assert (
+        outboxer("db", "upgrade", "--database-url", url, *options).strip()
+        == "outbox schema is up to date"
+    )

@@ -22,15 +22,19 @@ same after outboxer is upgraded. The dialect is the migration context's, so offl
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from alembic import op as alembic_op
-from sqlalchemy import text
+from sqlalchemy import inspect, text
 
 from outboxer.config import TableNames
+from outboxer.errors import ConfigurationError
 from outboxer.stores import ddl
 
 __all__ = ["op_upgrade"]
+
+log = logging.getLogger("outboxer.alembic")
 
 
 def op_upgrade(
@@ -50,14 +54,44 @@ def op_upgrade(
         table: Outbox table name, as given to the relay (``--table``).
         schema: Schema of the outbox tables (PostgreSQL; a database on MySQL), as ``--schema``.
 
+    Online, the database's own record decides where to start: a schema at ``to_version``
+    already (``outboxer db upgrade`` ran before the migration was written) is left as it is,
+    one between the two is taken the rest of the way.
+
     Raises:
-        ConfigurationError: versions out of order, beyond this outboxer's latest, or a dialect
-            outboxer has no schema for.
+        ConfigurationError: versions out of order, beyond this outboxer's latest, a dialect
+            outboxer has no schema for, or (online) a schema below ``from_version``.
     """
     op = op if op is not None else alembic_op
-    dialect = op.get_context().dialect.name
+    context = op.get_context()
+    dialect = context.dialect.name
     names = TableNames(table=table, schema=schema)
+    if not context.as_sql:  # online: the database says where its outbox schema stands
+        installed = _installed(op.get_bind(), names)
+        target = ddl.latest_version(ddl.dialect_of(dialect)) if to_version is None else to_version
+        if installed < from_version:
+            raise ConfigurationError(
+                f"the outbox schema here is at version {installed}, not {from_version}: run "
+                f"the migration that installs version {from_version} first"
+            )
+        if installed >= target:
+            # 'outboxer db upgrade' (or an earlier migration) got there first: nothing to do.
+            # Running the DDL again failed with each database's own "already exists" error.
+            log.info("outbox schema already at version %d: nothing to do", installed)
+            return
+        from_version = installed  # (above it: 'outboxer db upgrade' ran some steps)
     for statement in ddl.upgrade_statements(dialect, names, from_version, to_version):
         # text() would take ":word" for a bind parameter (and "::jsonb" is next to one): every
         # colon escaped is sent as written
         op.execute(text(statement.replace(":", "\\:")))
+
+
+def _installed(bind: Any, names: TableNames) -> int:
+    """The newest outboxer schema version recorded on ``bind``'s database (0: none)."""
+    table = names.table + "_schema_version"
+    if not inspect(bind).has_table(table, schema=names.schema):
+        return 0
+    quoted = bind.dialect.identifier_preparer.quote
+    qualified = quoted(table) if names.schema is None else f"{quoted(names.schema)}.{quoted(table)}"
+    version = bind.execute(text(f"SELECT max(version) FROM {qualified}")).scalar()
+    return int(version or 0)
