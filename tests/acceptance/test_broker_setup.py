@@ -147,6 +147,8 @@ def test_a_mismatch_is_one_line_and_changes_nothing(cli: Cli, names: Names) -> N
         (["--broker", "redis://127.0.0.1:6379/0"], 2, ["nothing to set up for redis://"]),
         (["--broker", BASE, "--bind", "#"], 2, ["--bind needs --queue"]),
         (["--broker", BASE, "--queue", "q"], 2, ["routing keys with --bind"]),
+        (["--broker", BASE, "--queue", "amq.q", "--bind", "#"], 2, ["queue name", "amq."]),
+        (["--broker", BASE, "--queue", "q" * 256, "--bind", "#"], 2, ["queue name", "255"]),
         (["--broker", f"{BASE}?exchange=bad%2Fname"], 2, ["exchange"]),
         (["--broker", f"{BASE}?queue_type=stream", "--queue", "q", "--bind", "#"], 2, ["stream"]),
         (["--broker", "amqp://guest:secret@127.0.0.1:1/"], 1, ["127.0.0.1:1", "refused"]),
@@ -169,7 +171,7 @@ def test_kafka_topics_are_created_once_and_a_partition_mismatch_is_refused(
     first, second = (unique_name("orders").replace("_", "-") for _ in range(2))
     url = f"kafka://{kafka_bootstrap}"
     args = ["broker", "setup", "--broker", url, "--topic", first, "--topic", second]
-    result = cli(*args, "--partitions", "2")
+    result = cli(*args, "--topic", first, "--partitions", "2")  # named twice: one topic
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == sorted(
         f"declared topic '{name}': 2 partitions" for name in (first, second)

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import signal
 import sqlite3
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 import outboxer
 from outboxer.config import TableNames
 from outboxer.stores import _sql, open_store
-from tests.acceptance.conftest import Cli, assert_one_line_error, lines
+from tests.acceptance.conftest import OUTBOXER, Cli, assert_one_line_error, lines
 from tests.conftest import give_up_on
 
 INPROCESS = "inprocess://tests.acceptance.handlers:registry"
@@ -451,6 +452,55 @@ def test_bad_input_is_one_line_and_changes_nothing(
     assert_one_line_error(result, code, *words)
     assert "secret" not in result.stderr and "hunter2" not in result.stderr
     assert (tmp_path / "upgraded.db").read_bytes() == before
+
+
+#: Handler modules a careless user might point at, and the one line each must give.
+HOSTILE_HANDLERS = {
+    "empty": ("registry = __import__('outboxer.inbox').inbox.HandlerRegistry()", "no handlers"),
+    "raising": ("raise RuntimeError('boom on import')", "RuntimeError: boom on import"),
+    "broken": ("def f(:", "SyntaxError"),
+    "exiting": ("import sys; sys.exit(0)", "SystemExit: 0"),
+    "recursing": ("def f(): return f()\nf()", "RecursionError"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(HOSTILE_HANDLERS))
+@pytest.mark.parametrize("command", ["relay", "consume"])
+def test_a_handler_module_that_cannot_serve_is_refused_in_one_line(
+    cli: Cli, tmp_path: Path, module: str, command: str
+) -> None:
+    """Found by a probe: a module raising on import was an 'unexpected' exit 1 (a SyntaxError,
+    a RecursionError), sys.exit() in it exited 0 silently, and an empty registry started a
+    relay that dead-lettered every message. Handler modules are found in the current
+    directory (--app-dir's default) by both commands."""
+    source, words = HOSTILE_HANDLERS[module]
+    (tmp_path / f"{module}_handlers.py").write_text(source + "\n")
+    url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    assert cli("db", "upgrade", "--database-url", url).returncode == 0
+    spec = f"{module}_handlers:registry"
+    args = {
+        "relay": ["relay", "--broker", f"inprocess://{spec}", "--drain"],
+        "consume": ["consume", "--broker", "redis://127.0.0.1:6379/0", "--handlers", spec,
+                    "--topic", "t"],
+    }[command]  # fmt: skip
+    result = subprocess.run(
+        [OUTBOXER, *args, "--database-url", url],
+        capture_output=True, text=True, env=cli.env, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert_one_line_error(result, 2, *words.split(", "))
+
+
+@pytest.mark.parametrize("spec", [":registry", "..:x", ".mod:registry", "mod:", "a-b:registry"])
+@pytest.mark.parametrize("command", ["relay", "consume"])
+def test_a_malformed_handlers_spec_is_named_as_such(cli: Cli, spec: str, command: str) -> None:
+    """Not 'invalid consumer name' (made of the spec before it was checked), nor a TypeError
+    leaked from importlib for a relative module."""
+    args = {
+        "relay": ["relay", "--broker", f"inprocess://{spec}"],
+        "consume": ["consume", "--broker", "redis://127.0.0.1:6379/0", "--handlers", spec],
+    }[command]
+    result = cli(*args, "--database-url", "sqlite:///unused.db")
+    assert_one_line_error(result, 2, "package.module:registry")
 
 
 @pytest.mark.parametrize("command", [["stats"], ["db", "upgrade"], ["dlq", "list"]])

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from typing import Any
 
 import click
 
 from outboxer.cli._common import EXIT_USAGE, STOP_GRACE, fail, open_store, stop_on_signals
 from outboxer.cli.options import (
+    app_dir_option,
     build_settings,
     checked,
     database_options,
@@ -19,6 +18,7 @@ from outboxer.cli.options import (
 )
 from outboxer.config import Setting, TableNames
 from outboxer.inbox import HandlerRegistry, InboxSettings, load_registry
+from outboxer.inbox.registry import registry_spec
 
 
 def _default_consumer_name(handlers: str) -> str:
@@ -67,13 +67,7 @@ def _default_consumer_name(handlers: str) -> str:
     callback=checked(Setting("", minimum=0, maximum=3600)),  # FloatRange lets nan through
     help="How long the batch in progress may take after SIGTERM/SIGINT (s).",
 )
-@env_option(
-    "--app-dir",
-    default=".",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Directory put first on the import path before --handlers is imported.",
-)
+@app_dir_option
 def consume(
     database_url: str,
     schema: str | None,
@@ -83,13 +77,12 @@ def consume(
     topics: tuple[str, ...],
     batch_size: int,
     shutdown_timeout: float,
-    app_dir: str,
     **values: Any,
 ) -> None:
     """Run handlers for the messages of a broker, exactly once in effect (the inbox), until
     SIGTERM/SIGINT."""
     names = TableNames(table=table, schema=schema)
-    sys.path.insert(0, os.path.abspath(app_dir))
+    registry_spec(handlers)  # before a consumer name is made of it
     settings = build_settings(
         InboxSettings, values, consumer=values["consumer"] or _default_consumer_name(handlers)
     )

@@ -12,6 +12,8 @@ checks it again: the dataclass stays the one authority on what is valid.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import typing
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -65,6 +67,24 @@ def port_option(option: str, default: int, meaning: str) -> Callable[[F], F]:
     return env_option(
         option, default=default, show_default=True, type=click.IntRange(0, 65535), help=meaning
     )
+
+
+def _first_on_import_path(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    sys.path.insert(0, os.path.abspath(value))
+    return value
+
+
+#: Where handler modules are looked up first, as ``python -m`` looks in the current directory:
+#: ``outboxer consume --handlers`` and ``outboxer relay --broker inprocess://``.
+app_dir_option = env_option(
+    "--app-dir",
+    default=".",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    expose_value=False,
+    callback=_first_on_import_path,
+    help="Directory put first on the import path before handler modules are imported.",
+)
 
 
 def stored_text(ctx: click.Context, param: click.Parameter, value: Any) -> Any:

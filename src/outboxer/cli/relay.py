@@ -12,6 +12,7 @@ import click
 
 from outboxer.cli._common import fail, open_store, stop_on_signals
 from outboxer.cli.options import (
+    app_dir_option,
     build_settings,
     database_options,
     env_option,
@@ -53,6 +54,7 @@ from outboxer.errors import StoreUnavailable
     help="OpenTelemetry publish spans continuing the trace stored at enqueue (exporter from "
     "OTEL_* variables). On by itself under opentelemetry-instrument.",
 )
+@app_dir_option
 def relay(
     database_url: str,
     schema: str | None,

@@ -49,6 +49,7 @@ from outboxer.errors import (
     ConfigurationError,
     PermanentHandlerError,
     UndecodablePayload,
+    error_summary,
     error_text,
 )
 from outboxer.message import Message
@@ -61,6 +62,7 @@ __all__ = [
     "Route",
     "UndecodablePayload",
     "load_registry",
+    "registry_spec",
 ]
 
 Handler = Callable[..., Any] | Callable[..., Awaitable[Any]]
@@ -482,6 +484,11 @@ class HandlerRegistry:
         """The topics handlers were registered for (consumers subscribe to them by default)."""
         return [topic for topic, handlers in self._by_topic.items() if handlers]
 
+    @property
+    def types(self) -> list[str]:
+        """The message types handlers were registered for."""
+        return [type_ for type_, handlers in self._by_type.items() if handlers]
+
     def call(self, handler: Handler, message: Message, context: HandlerContext) -> Any:
         """Call ``handler`` as its signature asks: decoded payload, then the context if wanted.
 
@@ -517,18 +524,37 @@ def _is_async(function: Handler) -> bool:
     )
 
 
-def load_registry(spec: str) -> HandlerRegistry:
-    """Import ``package.module:attribute`` and return the registry it names."""
+def registry_spec(spec: str) -> tuple[str, str]:
+    """Split ``package.module:registry`` into its module and attribute, or refuse it."""
     module_name, sep, attribute = spec.partition(":")
-    if not sep or not module_name or not attribute:
+    if not (
+        sep
+        and all(part.isidentifier() for part in module_name.split("."))
+        and attribute.isidentifier()
+    ):
         raise ConfigurationError(
             f"handlers must be given as 'package.module:registry', not {spec!r}"
         )
+    return module_name, attribute
+
+
+def load_registry(spec: str) -> HandlerRegistry:
+    """Import ``package.module:attribute`` and return the registry it names.
+
+    Raises:
+        ConfigurationError: a malformed spec, a module that fails to import (whatever it
+            raises, ``SystemExit`` included), or no registry with handlers behind the name.
+    """
+    module_name, attribute = registry_spec(spec)
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import handler module {module_name!r}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # the user's module: a SyntaxError, a failing import
+        raise ConfigurationError(
+            f"cannot import handler module {module_name!r}: {error_summary(exc)}"
+        ) from exc
     registry = getattr(module, attribute, None)
     if not isinstance(registry, HandlerRegistry):
         raise ConfigurationError(f"{spec!r} is not a HandlerRegistry")
+    if not registry.types and not registry.topics:
+        raise ConfigurationError(f"{spec!r} has no handlers: register some before starting")
     return registry

@@ -19,7 +19,7 @@ from urllib.parse import quote
 import pika  # type: ignore[import-untyped]
 
 from outboxer import urls
-from outboxer.brokers.subscription import check_subscription, reconnect_backoff
+from outboxer.brokers.subscription import reconnect_backoff
 from outboxer.config import Backoff
 from outboxer.errors import ConfigurationError
 from outboxer.urls import Option
@@ -201,7 +201,18 @@ class RabbitMQConsumerSettings:
     reconnect: Backoff = field(default_factory=reconnect_backoff)
 
     def __post_init__(self) -> None:
-        check_subscription("RabbitMQ", self.queue, self.topics, "topic")
+        if not self.topics:
+            raise ConfigurationError("RabbitMQ consumer: at least one topic is required")
+        if (
+            not self.queue
+            or len(self.queue.encode()) > 255
+            or not self.queue.isprintable()
+            or self.queue.startswith("amq.")
+        ):
+            raise ConfigurationError(
+                f"invalid RabbitMQ queue name {self.queue!r}: use 1-255 bytes of printable "
+                "text, not starting with 'amq.' (reserved)"
+            )
         if self.prefetch < 0 or self.prefetch > 65535:
             raise ConfigurationError(f"RabbitMQ URL: prefetch={self.prefetch} must be 0 to 65535")
         if self.queue_type not in ("classic", "quorum"):
