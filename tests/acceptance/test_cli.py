@@ -420,6 +420,8 @@ def test_purge_asks_before_deleting(cli: Cli, sqlite_url: str) -> None:
         (["relay", *RELAY, "--dead-letter-retention", "1e300"], 2, ["--dead-letter-retention"]),
         (["relay", *RELAY, "--dead-letter-retention", "inf"], 2, ["--dead-letter-retention"]),
         (["relay", *RELAY, "--retry-base", "600"], 2, ["--retry-cap", "below base"]),
+        (["serve", "--database-url", "sqlite:///UPGRADED", "--host", " "], 2, ["--host"]),
+        (["relay", *RELAY, "--metrics-host", "", "--metrics-port", "9"], 2, ["--metrics-host"]),
         (["serve", "--database-url", "sqlite:///UPGRADED", "--ready-max-age", "nan"], 2,
          ["--ready-max-age", "finite"]),
         # Database URLs a driver cannot read: one line, exit 2, no piece of the password.

@@ -58,8 +58,15 @@ def host_option(option: str, meaning: str) -> Callable[[F], F]:
         option,
         default=DEFAULT_HOST,
         show_default=True,
+        callback=_host,
         help=f"{meaning} (0.0.0.0 for every interface).",
     )
+
+
+def _host(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not value.strip() or not value.isprintable():
+        raise click.BadParameter("give an interface: 127.0.0.1, 0.0.0.0, ::1 or a host name")
+    return value
 
 
 def port_option(option: str, default: int, meaning: str) -> Callable[[F], F]:
