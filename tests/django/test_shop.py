@@ -124,3 +124,56 @@ def test_manage_py_outboxer_relay_sends_the_mails(tmp_path: Path) -> None:
     [sent] = [path.read_text() for path in mails.iterdir()]
     assert "To: bo@example.com" in sent and "Subject: Welcome to the shop" in sent
     assert '"pending": 0' in run("outboxer", "stats", "--json")
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ({"TABLE": "bad name"}, "invalid table name 'bad name'"),
+        ({"TABLE": ["x"]}, "OUTBOXER['TABLE'] must be a string"),
+        ({"DATABASE": "nope"}, "OUTBOXER['DATABASE'] 'nope' is not in DATABASES"),
+        ({"TOPICS": ["orders", "two words"]}, "a list item must be a non-empty word"),
+    ],
+)
+def test_a_bad_outboxer_setting_is_one_line_for_every_command(
+    tmp_path: Path, setting: dict[str, Any], words: str
+) -> None:
+    """Found by a probe: the models' table names were worked out while django.setup()
+    imported them, so a bad TABLE or DATABASE was a traceback from every manage.py command.
+    Now ``manage.py outboxer`` says it in one line (exit 2) and Django's system check refuses
+    it for the others (``check``, ``migrate``, ``runserver``)."""
+    (tmp_path / "bad_settings.py").write_text(
+        f"from shop.settings import *  # noqa: F403\nOUTBOXER = {setting!r}\n"
+    )
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": os.pathsep.join([PYTHONPATH, str(EXAMPLE), str(tmp_path)]),
+        "SHOP_DATABASE": f"sqlite:///{tmp_path / 'shop.sqlite3'}",
+        "DJANGO_SETTINGS_MODULE": "bad_settings",
+    }
+
+    def manage(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(EXAMPLE / "manage.py"), *args],
+            env=env, text=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+
+    stats = manage("outboxer", "stats")
+    assert stats.returncode == 2, stats.stderr
+    [line] = stats.stderr.splitlines()
+    assert line.startswith("manage.py outboxer: error: ") and words in line
+    if "TOPICS" not in setting:  # a command's option: the check has no say in it
+        for command in ("check", "migrate"):
+            refused = manage(command)
+            assert refused.returncode != 0 and "Traceback" not in refused.stderr
+            assert "(outboxer.E001)" in refused.stderr and words in refused.stderr
+
+
+def test_list_settings_are_the_words_of_their_variable() -> None:
+    """``TOPICS``/``ALLOWED_HOSTS`` as lists reached the command as Python's text of the list
+    (a consumer of the streams "['orders'," and "'users']": a probe)."""
+    from outboxer.integrations.django.conf import environment
+
+    with override_settings(OUTBOXER={"TOPICS": ["orders", "users"], "ALLOWED_HOSTS": ("a.b",)}):
+        env = environment("other")
+    assert (env["OUTBOXER_TOPICS"], env["OUTBOXER_ALLOWED_HOSTS"]) == ("orders users", "a.b")

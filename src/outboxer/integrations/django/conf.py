@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from outboxer.config import TableNames
+from outboxer.errors import ConfigurationError
 from outboxer.outbox import Outbox
 
 __all__ = [
@@ -46,12 +47,24 @@ def _setting() -> dict[str, Any]:
 
 
 def outbox() -> ConfiguredOutbox:
-    """The configured outbox (``TABLE``, ``SCHEMA``, ``DATABASE`` of ``OUTBOXER``)."""
+    """The configured outbox (``TABLE``, ``SCHEMA``, ``DATABASE`` of ``OUTBOXER``).
+
+    Raises:
+        ImproperlyConfigured: a value that is not a name, or a ``DATABASE`` not in
+            ``DATABASES``.
+    """
     conf = _setting()
     database = conf.get("DATABASE", DEFAULT_DB_ALIAS)
+    table, schema = conf.get("TABLE", "outbox"), conf.get("SCHEMA")
+    for key, value in (("DATABASE", database), ("TABLE", table), ("SCHEMA", schema)):
+        if not isinstance(value, str) and (key != "SCHEMA" or value is not None):
+            raise ImproperlyConfigured(f"OUTBOXER[{key!r}] must be a string, not {value!r}")
     if database not in settings.DATABASES:
         raise ImproperlyConfigured(f"OUTBOXER['DATABASE'] {database!r} is not in DATABASES")
-    return _configured(conf.get("TABLE", "outbox"), conf.get("SCHEMA"), database)
+    try:
+        return _configured(table, schema, database)
+    except ConfigurationError as exc:  # an invalid table or schema name
+        raise ImproperlyConfigured(f"OUTBOXER: {exc}") from None
 
 
 @cache
@@ -209,12 +222,29 @@ def environment(alias: str | None = None) -> dict[str, str]:
                 f"OUTBOXER[{key!r}] is no option of the outboxer command; options: "
                 f"{', '.join(sorted(v.removeprefix('OUTBOXER_') for v in known))}"
             )
-        env[variable] = str(value).lower() if isinstance(value, bool) else str(value)
+        env[variable] = _variable_value(key, value)
     env["OUTBOXER_DATABASE_URL"] = database_url(alias)
     schema = search_path_schema(alias)
     if schema is not None and "SCHEMA" not in _setting():
         env["OUTBOXER_SCHEMA"] = schema
     return env
+
+
+def _variable_value(key: str, value: object) -> str:
+    """A setting's value as its ``OUTBOXER_*`` variable reads it: ``true``/``false``, or a
+    list (``TOPICS``, ``ALLOWED_HOSTS``) as its items separated by spaces."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [str(item) for item in value]
+        if any(not item or any(ch.isspace() for ch in item) for item in items):
+            raise ImproperlyConfigured(
+                f"OUTBOXER[{key!r}]: a list item must be a non-empty word, not one of {items!r}"
+            )
+        return " ".join(items)
+    if isinstance(value, dict):
+        raise ImproperlyConfigured(f"OUTBOXER[{key!r}] must be a value or a list, not a dict")
+    return str(value)
 
 
 def tool_names(alias: str | None = None) -> TableNames:

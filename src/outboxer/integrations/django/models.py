@@ -13,9 +13,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.db import connections, models
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, connections, models
 
-from outboxer.integrations.django.conf import outbox
+from outboxer.integrations.django.conf import ConfiguredOutbox, outbox
 
 
 class IdentifierField(models.CharField):
@@ -44,7 +45,12 @@ class MomentField(models.Field):
 
 def _db_table(suffix: str) -> str:
     # A schema-qualified name arrives quoted, which Django then leaves as it is.
-    conf = outbox()
+    try:
+        conf = outbox()
+    except ImproperlyConfigured:
+        # Not here, while django.setup() imports the models (a traceback from every manage.py
+        # command): the system check (apps.py) and each outboxer command say it in one line.
+        conf = ConfiguredOutbox("outbox", None, DEFAULT_DB_ALIAS)
     vendor = connections[conf.database].vendor
     if conf.names.schema is None or vendor == "sqlite":
         return f"{conf.names.table}{suffix}"
