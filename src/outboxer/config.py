@@ -49,16 +49,17 @@ MAX_TABLE_NAME = min(
 )
 
 
-def validate_identifier(name: str, what: str = "identifier") -> str:
+def validate_identifier(name: str, what: str = "identifier", longest: int = 63) -> str:
     """Return ``name`` if it is a plain SQL identifier, else raise ``ConfigurationError``.
 
     Table and schema names are the only values outboxer places into SQL text rather than
     passing as parameters, so they are restricted to ``[A-Za-z_][A-Za-z0-9_]*`` (max 63, the
-    PostgreSQL limit): a hostile name is refused, never interpolated.
+    PostgreSQL limit; ``longest`` is the limit the error names, where the caller has a lower
+    one): a hostile name is refused, never interpolated.
     """
     if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
         raise ConfigurationError(
-            f"invalid {what} {name!r}: use letters, digits and underscores (max 63), "
+            f"invalid {what} {name!r}: use letters, digits and underscores (max {longest}), "
             "not starting with a digit"
         )
     return name
@@ -79,7 +80,7 @@ class TableNames:
     def __post_init__(self) -> None:
         # Checked where the name is accepted: a name whose derived names do not fit would let
         # `db upgrade` succeed and every later enqueue or relay fail.
-        validate_identifier(self.table, "table name")
+        validate_identifier(self.table, "table name", MAX_TABLE_NAME)
         if len(self.table) > MAX_TABLE_NAME:
             raise ConfigurationError(
                 f"invalid table name {self.table!r}: at most {MAX_TABLE_NAME} characters, so "
@@ -465,4 +466,9 @@ class AdminSettings:
             raise ConfigurationError(
                 "the admin token starts or ends with whitespace, which no request can send "
                 "(HTTP trims header values): remove it"
+            )
+        if self.token is not None and not all(" " <= ch <= "~" for ch in self.token):
+            raise ConfigurationError(
+                "the admin token has a control or non-ASCII character, which no request can "
+                "send in a header: use printable ASCII (e.g. 'openssl rand -hex 32')"
             )

@@ -149,6 +149,8 @@ def test_a_mismatch_is_one_line_and_changes_nothing(cli: Cli, names: Names) -> N
         (["--broker", BASE, "--queue", "q"], 2, ["routing keys with --bind"]),
         (["--broker", BASE, "--queue", "amq.q", "--bind", "#"], 2, ["queue name", "amq."]),
         (["--broker", BASE, "--queue", "q" * 256, "--bind", "#"], 2, ["queue name", "255"]),
+        (["--broker", BASE, "--queue", "", "--bind", "#"], 2, ["queue name ''"]),
+        (["--broker", BASE, "--queue", "q", "--bind", "k" * 256], 2, ["binding key", "255"]),
         (["--broker", f"{BASE}?exchange=bad%2Fname"], 2, ["exchange"]),
         (["--broker", f"{BASE}?queue_type=stream", "--queue", "q", "--bind", "#"], 2, ["stream"]),
         (["--broker", "amqp://guest:secret@127.0.0.1:1/"], 1, ["127.0.0.1:1", "refused"]),

@@ -788,6 +788,7 @@ BAD_REQUESTS = [
     ("POST", "/api/deadletters/replay", b'{"ids": ["\\ud800"]}', 422),
     ("POST", "/api/deadletters/replay", b'{"ids": ["no-such-id"]}', 404),
     ("POST", "/api/deadletters/replay", b'{"topic": ""}', 422),
+    ("POST", "/api/deadletters/replay", b'{"topic": "\xe9t\xe9"}', 422),  # not UTF-8
     ("POST", "/api/deadletters/purge", b"{}", 422),
     ("POST", "/api/deadletters/purge", b'{"key": null}', 422),
     ("POST", "/api/deadletters/replay", b'{"direction": "both"}', 422),
@@ -825,6 +826,12 @@ async def test_field_errors_name_the_field(admin: Client) -> None:
     assert detail[0]["loc"] == ["body", "x"]
     detail = assert_problem(await admin.post("/api/deadletters/replay", json={}), 422)
     assert '"all": true' in detail[0]["msg"]
+    latin1 = await admin.post(
+        "/api/deadletters/replay", content='{"topic": "été"}'.encode("latin-1"), headers=JSON_TYPE
+    )  # the shape of any malformed JSON, not FastAPI's bare 400
+    assert assert_problem(latin1, 422) == [
+        {"loc": ["body"], "msg": "JSON decode error: the body is not UTF-8", "type": "json_invalid"}
+    ]
 
 
 class _BrokenStore(InMemoryStore):
@@ -1053,6 +1060,14 @@ async def test_a_body_that_never_finishes_arriving_times_out_with_408(
 @pytest.mark.parametrize("token", [" " + TOKEN, TOKEN + "\n", "\t" + TOKEN + " "])
 def test_a_token_with_surrounding_whitespace_is_refused_at_start(token: str) -> None:
     with pytest.raises(ConfigurationError, match="whitespace"):
+        create_app(InMemoryStore(), token=token)
+
+
+@pytest.mark.parametrize("token", [TOKEN[:8] + "\n" + TOKEN[8:], TOKEN + "\x00x", TOKEN + "é"])
+def test_a_token_no_header_can_carry_is_refused_at_start(token: str) -> None:
+    """Found by a probe: a token with a newline inside started a server whose every /api/
+    request was 401 (a header cannot carry it)."""
+    with pytest.raises(ConfigurationError, match="control or non-ASCII"):
         create_app(InMemoryStore(), token=token)
 
 

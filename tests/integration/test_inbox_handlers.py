@@ -40,7 +40,7 @@ from outboxer.inbox import (
 )
 from outboxer.inbox.consumer import Deliveries, run_consumer
 from outboxer.message import Message, encode_payload
-from outboxer.ports import DeadLetterFilter
+from outboxer.ports import MAX_REASON, DeadLetterFilter
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore
@@ -526,6 +526,29 @@ async def test_a_handler_that_raises_cancelled_error_fails_like_any_other(
     ]
     [warning] = [r.getMessage() for r in caplog.records if "attempt 1 of" in r.getMessage()]
     assert "CancelledError" in warning
+
+
+async def test_a_failure_is_logged_as_it_is_stored_cut_and_escaped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found by a probe: a handler's 6-million-character error was logged whole, twice (the
+    retry's warning, the dead letter's error: 12 MB of log for one message) where the stored
+    reason and the relay's log line are cut to MAX_REASON."""
+    registry = HandlerRegistry()
+
+    @registry.handler("Loud")
+    def loud(message: Message) -> None:
+        raise ValueError("x\0y" * 1_000_000)
+
+    store = InMemoryStore()
+    inbox = Inbox(store, registry, settings(max_attempts=2))
+    assert await inbox.receive_batch([event({}, "Loud", id="l")]) == ["retrying"]
+    await asyncio.sleep(0.1)  # the retry's delay
+    assert await inbox.redrive() == ["dead"]
+    logged = [r.getMessage() for r in caplog.records if "message l " in r.getMessage()]
+    assert [line.split(" ", 3)[2] for line in logged] == ["(key", "(key"]  # retry, dead letter
+    assert all(len(line) < MAX_REASON + 300 and "\0" not in line for line in logged)
+    assert "ValueError: x\ufffdy" in logged[0]  # the NUL as the stored reason has it
 
 
 async def test_a_handler_raising_cancelled_error_through_inprocess_fails_its_message_alone() -> (

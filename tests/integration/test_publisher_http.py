@@ -277,6 +277,21 @@ async def test_status_classification(
         assert "Retry-After: 7" in reason
 
 
+async def test_a_dot_topic_is_a_name_in_the_path_not_a_dot_segment(
+    receiver: HttpReceiver,
+) -> None:
+    """Found by a probe: the topics '.' and '..' went into {topic} as they were, and the URL
+    resolved them: the message of topic '..' was posted to /in, another endpoint."""
+    messages = [make_message(topic, n) for n, topic in enumerate([".", "..", "a.b"])]
+    async with HttpPublisher(receiver.url + "/hooks/{topic}/in") as pub:
+        assert list(await pub.publish(messages)) == [None, None, None]
+    assert sorted(r.target for r in receiver.requests) == [
+        "/hooks/%2E%2E/in",
+        "/hooks/%2E/in",
+        "/hooks/a.b/in",
+    ]
+
+
 async def test_read_timeout_is_retryable(topic: str) -> None:
     async with (
         HttpReceiver(lambda request: Reply(delay=5)) as rx,

@@ -127,6 +127,11 @@ def encodable(value: Any) -> Any:
     return value
 
 
+#: FastAPI's answer to a body ``json.loads`` cannot even decode (bytes that are not UTF-8).
+_FASTAPI_UNPARSED_BODY = "There was an error parsing the body"
+_NOT_UTF8 = "JSON decode error: the body is not UTF-8"
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     """Every failure is a JSON ``{"detail": …}``; never a stack trace."""
 
@@ -146,6 +151,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400 and exc.detail == _FASTAPI_UNPARSED_BODY:
+            # A body that does not decode (not UTF-8): malformed JSON like any other
+            return _problem(422, [{"loc": ["body"], "msg": _NOT_UTF8, "type": "json_invalid"}])
         return _problem(exc.status_code, exc.detail, dict(exc.headers or {}))
 
     async def not_found(_: Request, exc: Exception) -> JSONResponse:

@@ -85,7 +85,8 @@ def _rabbitmq(broker: str, queue: str | None, bindings: tuple[str, ...]) -> list
     from outboxer.brokers.rabbitmq.topology import declare
 
     connection = RabbitMQSettings.from_url(broker)
-    queue = queue or urls.parse(broker, SPEC).values(CONSUMER_OPTIONS)["queue"]
+    if queue is None:
+        queue = urls.parse(broker, SPEC).values(CONSUMER_OPTIONS)["queue"]
     consumer = None
     if queue is not None:
         if not bindings:

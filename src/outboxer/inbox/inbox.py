@@ -66,7 +66,13 @@ from outboxer.inbox.registry import (
     exited,
 )
 from outboxer.message import Message
-from outboxer.ports import ConsumeFailure, ConsumeOutcome, InboxStore, SweeperStore
+from outboxer.ports import (
+    ConsumeFailure,
+    ConsumeOutcome,
+    InboxStore,
+    SweeperStore,
+    failure_reason,
+)
 
 __all__ = [
     "ConsumerStopping",
@@ -494,7 +500,8 @@ class Inbox:
             self._handler_runs += 1
 
     def _judge(self, message: Message, attempts: int, error: Exception) -> ConsumeFailure:
-        reason = f"consumer {self.consumer!r}: {error_summary(error)}"
+        # As it is stored: cut, control characters escaped (a log line per failure)
+        reason = failure_reason(f"consumer {self.consumer!r}: {error_summary(error)}")
         permanent = isinstance(error, PermanentHandlerError | PermanentPublishError)
         if permanent or attempts >= self.settings.max_attempts:
             log.error(

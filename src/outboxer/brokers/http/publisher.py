@@ -300,7 +300,12 @@ class HttpPublisher:
         if url is None:
             endpoint = self.settings.endpoint
             if self._templated:
-                endpoint = endpoint.replace("{topic}", quote(topic, safe=""))
+                # A topic '.' or '..' as it is would be a dot segment, which the URL resolves
+                # (the webhook of another path): encoded, it is a name.
+                segment = quote(topic, safe="")
+                if segment in (".", ".."):
+                    segment = segment.replace(".", "%2E")
+                endpoint = endpoint.replace("{topic}", segment)
             url = self._urls[topic] = httpx.URL(endpoint)
         return url
 

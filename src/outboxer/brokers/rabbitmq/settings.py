@@ -203,6 +203,11 @@ class RabbitMQConsumerSettings:
     def __post_init__(self) -> None:
         if not self.topics:
             raise ConfigurationError("RabbitMQ consumer: at least one topic is required")
+        for key in self.topics:  # AMQP's short strings: a longer one fails at the broker
+            if not key or len(key.encode()) > 255:
+                raise ConfigurationError(
+                    f"invalid RabbitMQ binding key {key!r}: use 1-255 bytes (UTF-8)"
+                )
         if (
             not self.queue
             or len(self.queue.encode()) > 255
