@@ -80,6 +80,35 @@ class TestNatsConsumer(ConsumerContract):
 
 def test_durable_names_are_valid_nats_names() -> None:
     assert durable_name("svc.v1", "orders.*.created") == "svc_v1_orders___created"
+    long = durable_name("c" * 200, "s" * 255)
+    assert len(long) == 255 and long != durable_name("c" * 200, "s" * 254 + "t")
+
+
+async def test_a_long_consumer_name_on_a_long_subject_consumes() -> None:
+    """Found by a probe: a valid consumer name (200 characters at most) on a valid subject
+    (255 bytes at most) made a durable name NATS refuses, an 'unexpected BadRequestError'."""
+    require_service("NATS", "127.0.0.1", 4222)
+    subject = unique_name("ob") + "." + "s" * 200
+    client = await nats.connect(NATS)
+    js = client.jetstream()
+    stream = unique_name("OB")
+    await js.add_stream(name=stream, subjects=[subject])
+    seen: list[str] = []
+    stop = asyncio.Event()
+
+    async def deliver(batch: Sequence[Message]) -> None:
+        seen.extend(m.id for m in batch)
+        stop.set()
+
+    try:
+        await js.publish(subject, b"{}", headers={"ce-id": "m1"})
+        settings = NatsConsumerSettings.from_url(NATS, name="c" * 200, topics=[subject])
+        async with NatsConsumer(settings) as consumer:
+            await asyncio.wait_for(consumer.run(deliver, stop), 20)
+        assert seen == ["m1"]
+    finally:
+        await js.delete_stream(stream)
+        await client.close()
 
 
 async def test_two_subjects_that_would_share_a_durable_are_refused() -> None:

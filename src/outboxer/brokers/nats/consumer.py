@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import logging
 import re
 import ssl
@@ -63,10 +64,20 @@ _DURABLE_CHECK_SECONDS = 10.0
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
+#: NATS refuses a longer consumer name (it names a directory of the file store).
+_MAX_DURABLE = 255
+
+
 def durable_name(consumer: str, subject: str) -> str:
-    """The durable consumer of ``consumer`` for ``subject`` (NATS forbids ``.``, ``*``, ``>``
-    and whitespace in names)."""
-    return _NAME_UNSAFE.sub("_", f"{consumer}_{subject}")
+    """The durable consumer of ``consumer`` for ``subject``: every character but letters,
+    digits, ``_`` and ``-`` as ``_`` (NATS forbids ``.``, ``*``, ``>`` and whitespace in names).
+    A name longer than NATS takes (a 200-character consumer name on a 255-byte subject) is cut
+    and ends in a hash of the whole, so it stays one durable per (consumer, subject)."""
+    name = _NAME_UNSAFE.sub("_", f"{consumer}_{subject}")
+    if len(name) <= _MAX_DURABLE:
+        return name
+    digest = hashlib.sha256(f"{consumer}\0{subject}".encode()).hexdigest()[:16]
+    return f"{name[: _MAX_DURABLE - 17]}_{digest}"
 
 
 class NatsConsumer:
@@ -160,8 +171,9 @@ class NatsConsumer:
                 named = ", ".join(map(repr, filter(None, filters))) or "every subject"
                 raise ConfigurationError(
                     f"cannot consume subject {subject!r} as NATS durable {durable!r}: it "
-                    f"already filters {named} (durable names replace "
-                    "'.', '*', '>' and spaces by '_'); consume it under another --consumer-name"
+                    f"already filters {named} (durable names replace every character but "
+                    "letters, digits, '_' and '-' by '_'); consume it under another "
+                    "--consumer-name"
                 )
         config = ConsumerConfig(
             durable_name=durable,
