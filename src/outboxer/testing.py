@@ -586,6 +586,7 @@ class _InboxSession:
             failure is None
             or failure.state != "retrying"
             or failure.next_attempt_at > self._clock()
+            or self._inbox.behind(failure)
         ):
             return None
         handled = self._inbox.rows.get(pair) is not None
@@ -632,6 +633,17 @@ class _Inbox:
     failures: dict[tuple[str, str], _Failure] = field(default_factory=dict)
     retried_since_sweep: int = 0
     seq: int = 0
+
+    def behind(self, failure: _Failure) -> bool:
+        """Whether an earlier failure of its key is still retrying (per-key order)."""
+        key = failure.message.key
+        return key is not None and any(
+            f.consumer == failure.consumer
+            and f.message.key == key
+            and f.state == "retrying"
+            and f.seq < failure.seq
+            for f in self.failures.values()
+        )
 
     def blocked(self, consumer: str, key: str) -> bool:
         return any(
@@ -686,17 +698,14 @@ class _Inbox:
             (f for f in self.failures.values() if f.consumer == consumer and f.state == "retrying"),
             key=lambda f: f.seq,
         )
-        heads: list[_Failure] = []
-        seen_keys: set[str] = set()
+        due: list[_Failure] = []
+        heads: dict[str, _Failure] = {}
         for failure in mine:
             key = failure.message.key
-            if key is not None:
-                if key in seen_keys:
-                    continue
-                seen_keys.add(key)
-            if failure.next_attempt_at <= now:
-                heads.append(failure)
-        return sorted(heads, key=lambda f: (f.next_attempt_at, f.seq))
+            head = failure if key is None else heads.setdefault(key, failure)
+            if failure.next_attempt_at <= now and head.next_attempt_at <= now:
+                due.append(failure)
+        return due  # in arrival order, a key's run behind its due head included
 
     def revive(self, message_id: str) -> None:
         for failure in self.failures.values():

@@ -357,6 +357,40 @@ class InboxStoreContract:
         if self.transactional:
             assert sorted(await effects.read()) == ["c:m-1", "c:m-2", "c:m-3", "c:m-4", "c:m-5"]
 
+    async def test_a_keys_backlog_behind_a_failure_drains_a_batch_per_round_in_order(
+        self, store: InboxStore, effects: Effects
+    ) -> None:
+        """Found by a probe: a round re-drove one message of a key (its earliest), so 1,000
+        messages waiting behind a failure took 1,000 rounds, each reading the whole backlog.
+        Now a round takes the key's run behind its due head, each message only once nothing
+        earlier of its key is left; a failure in the run stops the rest of it."""
+        judge = retry_after(0.2)
+        handler = effects.handler(
+            fail=lambda m, attempt: (m.id, attempt) in {("m-0", 1), ("m-7", 1)}
+        )
+        outcomes = [
+            await one(store, "c", message(n, key="k"), handler, on_failure=judge,
+                      retention_seconds=60)
+            for n in range(10)
+        ] + [await one(store, "c", message(10, key="other"), handler, on_failure=judge,
+                       retention_seconds=60)]  # fmt: skip
+        assert outcomes == ["retrying"] + ["waiting"] * 9 + ["handled"]
+
+        async def redrive() -> list[str]:
+            return await store.redrive_consume_failures(
+                "c", handler, on_failure=judge, retention_seconds=60, limit=50
+            )
+
+        assert await redrive() == []  # the head is not due yet: its key waits
+        await asyncio.sleep(0.25)
+        # One round: the head, then its run in order up to m-7, which fails (and stops m-8, m-9).
+        assert await redrive() == ["handled"] * 7 + ["retrying"]
+        assert [i for i, _ in effects.calls][-8:] == [f"m-{n}" for n in range(8)]
+        assert await redrive() == []  # m-7 not due: m-8 and m-9 wait behind it
+        await asyncio.sleep(0.25)
+        assert await redrive() == ["handled"] * 3
+        assert [i for i, _ in effects.calls][-3:] == ["m-7", "m-8", "m-9"]
+
     async def test_stats_count_each_consumers_retrying_and_waiting_failures(
         self, store: Any, effects: Effects
     ) -> None:
@@ -387,15 +421,15 @@ class InboxStoreContract:
         assert (figures["c"]["retrying"], figures["c"]["waiting"]) == (1, 2)
         assert stats.dead_letters == 1
 
-        # The bug is fixed: the key drains, one message per re-drive round, in order.
+        # The bug is fixed: the key drains in order, at most ``limit`` messages a round.
         broken["yes"] = False
         await asyncio.sleep(0.15)
-        options: dict[str, Any] = {"on_failure": judge, "retention_seconds": 60, "limit": 10}
+        options: dict[str, Any] = {"on_failure": judge, "retention_seconds": 60, "limit": 1}
         assert await store.redrive_consume_failures("c", handler, **options) == ["handled"]
         [failing] = (await store.stats()).consume_failures
         assert (failing.consumer, failing.retrying, failing.waiting) == ("c", 0, 2)
-        for _ in range(2):
-            assert await store.redrive_consume_failures("c", handler, **options) == ["handled"]
+        options["limit"] = 10
+        assert await store.redrive_consume_failures("c", handler, **options) == ["handled"] * 2
         stats = await store.stats()
         assert (list(stats.consume_failures), stats.to_json()["consume_failures"]) == ([], {})
 
@@ -573,6 +607,47 @@ class EndedTransactionContract(InboxStoreContract):
         assert outcomes == ["duplicate"] * done + ["handled"] * (5 - done)
         assert await effects.read() == [f"c:m-{n}" for n in range(1, 6)]
         assert await store.consume("c", batch, record, **options) == ["duplicate"] * 5
+
+    async def test_two_instances_re_driving_a_keys_backlog_keep_its_order(
+        self, store: Any, effects: Effects
+    ) -> None:
+        """Two instances of one consumer re-drive the same key's backlog at once (rounds that
+        take a key's whole run): a message is locked only once nothing earlier of its key is
+        left, so the run is handled once each, in order, however the rounds interleave."""
+        judge = retry_after(0.1)
+        flaky = effects.handler(fail=lambda m, attempt: m.id == "m-0" and attempt == 1)
+
+        running: list[str] = []
+        overlaps: list[tuple[str, ...]] = []
+
+        async def handler(message: Message, connection: Any, attempt: int) -> None:
+            if running:  # another message of the key is being handled right now
+                overlaps.append((*running, message.id))
+            running.append(message.id)
+            try:
+                await asyncio.sleep(0.002)  # let the other instance's round interleave
+                await flaky(message, connection, attempt)
+            finally:
+                running.remove(message.id)
+
+        for n in range(30):
+            await one(store, "c", message(n, key="k"), handler, on_failure=judge,
+                      retention_seconds=60)  # fmt: skip
+        await asyncio.sleep(0.15)
+
+        async def instance() -> None:
+            for _ in range(100):
+                if [i for i, _ in effects.calls].count("m-29") == 1:
+                    return
+                await store.redrive_consume_failures(
+                    "c", handler, on_failure=judge, retention_seconds=60, limit=20
+                )
+                await asyncio.sleep(0.001)
+
+        await asyncio.gather(instance(), instance())
+        assert overlaps == []  # never two of the key at once
+        expected = [f"c:m-{n}" for n in range(30)]
+        assert await effects.read() == expected  # each once (m-0's failure undone), in order
 
     async def test_a_re_drive_whose_handler_commits_the_transaction_fails_and_stays(
         self, store: Mode, effects: Effects, end: Callable[[Any, str], Awaitable[None]]

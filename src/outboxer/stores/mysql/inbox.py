@@ -204,6 +204,8 @@ class _Session(SqlInboxSession):
         if not rows:
             return None
         [handled] = await self.fetch(self.q["inbox_handled"], args)
+        if handled["waiting"]:
+            return None  # an earlier failure of its key first
         row = text_row(cast("dict[str, Any]", rows[0]))
         return pending_failure_from_row({**row, "handled": handled["handled"]})
 

@@ -458,16 +458,18 @@ ON DUPLICATE KEY UPDATE
     attempts = GREATEST(attempts, %(attempts)s)
 
 -- name: inbox_due
--- Due failures of one consumer, soonest first; of each key only its earliest failure (the
--- others wait behind it, in arrival order).
+-- Due failures of one consumer in arrival order: of each key, those behind its earliest failure
+-- when that one is due. A round re-drives them one after the other, each locked only once
+-- nothing earlier of its key is left (inbox_failure_lock), so the backlog of a key that was
+-- waiting behind a failure drains a batch per round, not one message per round.
 SELECT f.message_id FROM {inbox_failures} f
 WHERE f.consumer = %(consumer)s AND f.state = 'retrying'
   AND f.next_attempt_at <= UTC_TIMESTAMP(6)
-  AND (f.`key` IS NULL OR NOT EXISTS (
-        SELECT 1 FROM {inbox_failures} h
+  AND (f.`key` IS NULL OR (
+        SELECT h.next_attempt_at FROM {inbox_failures} h
         WHERE h.consumer = f.consumer AND h.`key` = f.`key` AND h.state = 'retrying'
-          AND h.seq < f.seq))
-ORDER BY f.next_attempt_at, f.seq
+        ORDER BY h.seq LIMIT 1) <= UTC_TIMESTAMP(6))
+ORDER BY f.seq
 LIMIT %(limit)s
 
 -- name: inbox_failure_lock
@@ -484,10 +486,17 @@ WHERE f.consumer = %(consumer)s AND f.message_id = %(id)s AND f.state = 'retryin
 FOR UPDATE SKIP LOCKED
 
 -- name: inbox_handled
--- A replayed dead letter whose message the broker delivered again after the inbox row expired.
+-- A replayed dead letter whose message the broker delivered again after the inbox row expired
+-- (handled); an earlier failure of its key still there (waiting: per-key order, as
+-- inbox_failure_lock on the other databases; one another instance is re-driving is there
+-- until it commits).
 SELECT EXISTS (SELECT 1 FROM {inbox} i
                WHERE i.consumer = %(consumer)s AND i.message_id = %(id)s
-                 AND i.expires_at IS NOT NULL) AS handled
+                 AND i.expires_at IS NOT NULL) AS handled,
+       EXISTS (SELECT 1 FROM {inbox_failures} f JOIN {inbox_failures} h
+                 ON h.consumer = f.consumer AND h.`key` = f.`key`
+               WHERE f.consumer = %(consumer)s AND f.message_id = %(id)s
+                 AND h.state = 'retrying' AND h.seq < f.seq) AS waiting
 
 -- name: inbox_forget
 -- The inbox rows of messages never handled, after a handler ended the inbox's transaction

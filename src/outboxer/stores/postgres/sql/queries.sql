@@ -607,20 +607,24 @@ ON CONFLICT (id, direction) DO UPDATE
         attempts = GREATEST({dead_letters}.attempts, EXCLUDED.attempts)
 
 -- name: inbox_due
--- Due failures of one consumer, soonest first; of each key only its earliest failure (the
--- others wait behind it, in arrival order).
+-- Due failures of one consumer in arrival order: of each key, those behind its earliest failure
+-- when that one is due. A round re-drives them one after the other, each locked only once
+-- nothing earlier of its key is left (inbox_failure_lock), so the backlog of a key that was
+-- waiting behind a failure drains a batch per round, not one message per round.
 SELECT f.message_id FROM {inbox_failures} f
 WHERE f.consumer = $1 AND f.state = 'retrying' AND f.next_attempt_at <= now()
-  AND (f.key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM {inbox_failures} h
+  AND (f.key IS NULL OR (
+        SELECT h.next_attempt_at FROM {inbox_failures} h
         WHERE h.consumer = f.consumer AND h.key = f.key AND h.state = 'retrying'
-          AND h.seq < f.seq))
-ORDER BY f.next_attempt_at, f.seq
+        ORDER BY h.seq LIMIT 1) <= now())
+ORDER BY f.seq
 LIMIT $2
 
 -- name: inbox_failure_lock
--- Take one due failure for a re-drive, in the re-drive's transaction. SKIP LOCKED: another
--- instance of the same consumer re-driving it right now keeps it. "handled" is true when the
+-- Take one due failure for a re-drive, in the re-drive's transaction, if no earlier failure
+-- of its key is left (per-key order). SKIP LOCKED: another instance of the same consumer
+-- re-driving it right now keeps it; one re-driving an earlier one of its key holds it back
+-- too (that row is still there until it commits). "handled" is true when the
 -- inbox row says the message was processed meanwhile (a replayed dead letter whose message the
 -- broker had delivered again after the inbox row expired).
 SELECT f.seq, f.message_id AS id, f.topic, f.key, f.type, f.payload, f.content_type,
@@ -632,6 +636,10 @@ SELECT f.seq, f.message_id AS id, f.topic, f.key, f.type, f.payload, f.content_t
 FROM {inbox_failures} f
 WHERE f.consumer = $1 AND f.message_id = $2 AND f.state = 'retrying'
   AND f.next_attempt_at <= now()
+  AND (f.key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {inbox_failures} h
+        WHERE h.consumer = f.consumer AND h.key = f.key AND h.state = 'retrying'
+          AND h.seq < f.seq))
 FOR UPDATE OF f SKIP LOCKED
 
 -- name: inbox_forget

@@ -355,14 +355,18 @@ ON CONFLICT (id, direction) DO UPDATE
         attempts = max(attempts, excluded.attempts)
 
 -- name: inbox_due
+-- Due failures of one consumer in arrival order: of each key, those behind its earliest failure
+-- when that one is due. A round re-drives them one after the other, each locked only once
+-- nothing earlier of its key is left (inbox_failure_lock), so the backlog of a key that was
+-- waiting behind a failure drains a batch per round, not one message per round.
 SELECT f.message_id FROM {inbox_failures} f
 WHERE f.consumer = :consumer AND f.state = 'retrying'
   AND f.next_attempt_at <= (julianday('now') - 2440587.5) * 86400.0
-  AND (f.key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM {inbox_failures} h
+  AND (f.key IS NULL OR (
+        SELECT h.next_attempt_at FROM {inbox_failures} h
         WHERE h.consumer = f.consumer AND h.key = f.key AND h.state = 'retrying'
-          AND h.seq < f.seq))
-ORDER BY f.next_attempt_at, f.seq
+        ORDER BY h.seq LIMIT 1) <= (julianday('now') - 2440587.5) * 86400.0)
+ORDER BY f.seq
 LIMIT :limit
 
 -- name: inbox_failure_lock
@@ -375,6 +379,10 @@ SELECT f.seq, f.message_id AS id, f.topic, f.key, f.type, f.payload, f.content_t
 FROM {inbox_failures} f
 WHERE f.consumer = :consumer AND f.message_id = :id AND f.state = 'retrying'
   AND f.next_attempt_at <= (julianday('now') - 2440587.5) * 86400.0
+  AND (f.key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {inbox_failures} h
+        WHERE h.consumer = f.consumer AND h.key = f.key AND h.state = 'retrying'
+          AND h.seq < f.seq))
 
 -- name: inbox_forget
 -- The inbox rows of messages never handled, after a handler ended the inbox's transaction
