@@ -698,14 +698,16 @@ class _Inbox:
             (f for f in self.failures.values() if f.consumer == consumer and f.state == "retrying"),
             key=lambda f: f.seq,
         )
-        due: list[_Failure] = []
-        heads: dict[str, _Failure] = {}
-        for failure in mine:
+        due: list[tuple[int, int, _Failure]] = []
+        runs: dict[str, list[_Failure]] = {}
+        for failure in mine:  # (as inbox_due: every key's first, then every key's second, ...)
             key = failure.message.key
-            head = failure if key is None else heads.setdefault(key, failure)
-            if failure.next_attempt_at <= now and head.next_attempt_at <= now:
-                due.append(failure)
-        return due  # in arrival order, a key's run behind its due head included
+            run = [failure] if key is None else runs.setdefault(key, [])
+            if key is not None:
+                run.append(failure)
+            if failure.next_attempt_at <= now and run[0].next_attempt_at <= now:
+                due.append((len(run), failure.seq, failure))
+        return [failure for _, _, failure in sorted(due, key=lambda d: d[:2])]
 
     def revive(self, message_id: str) -> None:
         for failure in self.failures.values():

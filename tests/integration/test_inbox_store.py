@@ -679,6 +679,44 @@ class EndedTransactionContract(InboxStoreContract):
         ) == ("duplicate")
 
 
+class ConcurrentRedriveContract:
+    """Stores whose re-drives of different keys run side by side (row locks: not SQLite)."""
+
+    async def test_a_key_whose_first_failure_is_held_does_not_stall_other_keys(
+        self, store: Any, effects: Effects
+    ) -> None:
+        """Found by a probe: a round took the first 50 due failures by arrival, so while one
+        instance re-drove a key's first failure (a slow handler), the 49 waiting behind it,
+        none of which can be locked, filled every instance's round and the other keys'
+        failures waited for it. Every key's first now comes before any key's second."""
+        judge = retry_after(0.1)
+        holding, release = asyncio.Event(), asyncio.Event()
+
+        async def handler(message: Message, connection: Any, attempt: int) -> None:
+            if message.id in ("m-0", "m-100") and attempt == 1:
+                raise RuntimeError("first attempt fails")
+            if message.id == "m-0":
+                holding.set()
+                await release.wait()  # a slow re-drive of key k's first failure
+            await effects.record(connection, "c", message.id)
+
+        options: dict[str, Any] = {"on_failure": judge, "retention_seconds": 60}
+        for n in range(60):
+            await one(store, "c", message(n, key="k"), handler, **options)
+        assert await one(store, "c", message(100, key="other"), handler, **options) == "retrying"
+        await asyncio.sleep(0.15)
+        slow = asyncio.create_task(store.redrive_consume_failures("c", handler, limit=1, **options))
+        await asyncio.wait_for(holding.wait(), 10)
+        try:  # another instance's round, while m-0 is held
+            assert await store.redrive_consume_failures("c", handler, limit=50, **options) == [
+                "handled"
+            ]
+            assert await effects.read() == ["c:m-100"]
+        finally:
+            release.set()
+        assert await slow == ["handled"]
+
+
 class TestInMemoryInbox(InboxStoreContract):
     transactional = False
 
@@ -745,7 +783,7 @@ class TestSqliteInbox(EndedTransactionContract):
         return Effects(record, read)
 
 
-class TestPostgresInbox(EndedTransactionContract):
+class TestPostgresInbox(EndedTransactionContract, ConcurrentRedriveContract):
     @pytest.fixture
     def end(self) -> Callable[[Any, str], Awaitable[None]]:
         async def end(connection: Any, how: str) -> None:
@@ -1036,7 +1074,7 @@ class TestPostgresInbox(EndedTransactionContract):
         assert await effects.read() == ["c:m-1"]
 
 
-class TestMysqlInbox(EndedTransactionContract):
+class TestMysqlInbox(EndedTransactionContract, ConcurrentRedriveContract):
     @pytest.fixture
     def end(self) -> Callable[[Any, str], Awaitable[None]]:
         async def end(connection: Any, how: str) -> None:

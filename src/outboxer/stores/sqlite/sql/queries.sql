@@ -355,18 +355,22 @@ ON CONFLICT (id, direction) DO UPDATE
         attempts = max(attempts, excluded.attempts)
 
 -- name: inbox_due
--- Due failures of one consumer in arrival order: of each key, those behind its earliest failure
--- when that one is due. A round re-drives them one after the other, each locked only once
--- nothing earlier of its key is left (inbox_failure_lock), so the backlog of a key that was
--- waiting behind a failure drains a batch per round, not one message per round.
-SELECT f.message_id FROM {inbox_failures} f
-WHERE f.consumer = :consumer AND f.state = 'retrying'
-  AND f.next_attempt_at <= (julianday('now') - 2440587.5) * 86400.0
-  AND (f.key IS NULL OR (
-        SELECT h.next_attempt_at FROM {inbox_failures} h
-        WHERE h.consumer = f.consumer AND h.key = f.key AND h.state = 'retrying'
-        ORDER BY h.seq LIMIT 1) <= (julianday('now') - 2440587.5) * 86400.0)
-ORDER BY f.seq
+-- Due failures of one consumer: of each key, those behind its earliest failure when that one is
+-- due; every key's first before any key's second, and so on (then in arrival order), so a key
+-- whose first failure another instance holds (a slow handler) takes one place of the round, not
+-- all of them. A round re-drives them one after the other, each locked only once nothing
+-- earlier of its key is left (inbox_failure_lock): the backlog of a key that was waiting behind
+-- a failure drains a batch per round, not one message per round. An unkeyed failure is a key
+-- of its own.
+SELECT r.message_id FROM (
+    SELECT f.message_id, f.seq, f.next_attempt_at,
+           row_number() OVER w AS place, first_value(f.next_attempt_at) OVER w AS head_due_at
+    FROM {inbox_failures} f
+    WHERE f.consumer = :consumer AND f.state = 'retrying'
+    WINDOW w AS (PARTITION BY f.key, CASE WHEN f.key IS NULL THEN f.seq END ORDER BY f.seq)
+) r
+WHERE r.next_attempt_at <= (julianday('now') - 2440587.5) * 86400.0 AND r.head_due_at <= (julianday('now') - 2440587.5) * 86400.0
+ORDER BY r.place, r.seq
 LIMIT :limit
 
 -- name: inbox_failure_lock
