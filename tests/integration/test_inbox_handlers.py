@@ -7,6 +7,7 @@ the in-process publisher and the inbox (in-memory, SQLite and PostgreSQL stores)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -22,7 +23,7 @@ import pytest
 
 import outboxer
 from outboxer.brokers.inprocess.publisher import InProcessPublisher
-from outboxer.config import Backoff
+from outboxer.config import Backoff, TableNames
 from outboxer.errors import (
     ConfigurationError,
     PermanentPublishError,
@@ -549,6 +550,48 @@ async def test_a_failure_is_logged_as_it_is_stored_cut_and_escaped(
     assert [line.split(" ", 3)[2] for line in logged] == ["(key", "(key"]  # retry, dead letter
     assert all(len(line) < MAX_REASON + 300 and "\0" not in line for line in logged)
     assert "ValueError: x\ufffdy" in logged[0]  # the NUL as the stored reason has it
+
+
+@pytest.mark.parametrize("backend", ["memory", "postgres"])
+async def test_an_instance_without_the_handler_leaves_a_failure_for_one_that_has_it(
+    backend: str, pg_url: str, pg_schema: str
+) -> None:
+    """Found by a probe: an instance of the consumer without a handler for a failed message
+    (another --handlers, a rolling deploy) re-drove it as handled: failure deleted, inbox row
+    done, no handler ever succeeded. It is postponed instead, attempts unchanged, and the
+    instance that has the handler takes it."""
+    has, lacks = HandlerRegistry(), HandlerRegistry()
+    calls: list[int] = []
+
+    @has.handler("Pay")
+    def pay(message: Message, ctx: HandlerContext) -> None:
+        calls.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise RuntimeError("declined")
+
+    @lacks.handler("Other")
+    def other(message: Message) -> None: ...
+
+    async with contextlib.AsyncExitStack() as stack:
+        if backend == "memory":
+            store: Any = InMemoryStore()
+        else:
+            store = await stack.enter_async_context(
+                PostgresStore(pg_url, TableNames(schema=pg_schema))
+            )
+            await store.migrate()
+        fast = {"retry": Backoff(base=0.05, cap=0.05)}
+        with_handler = Inbox(store, has, settings(**fast))
+        without = Inbox(store, lacks, settings(**fast))
+        assert await with_handler.receive_batch([event({}, "Pay", id="p")]) == ["retrying"]
+        await asyncio.sleep(0.1)
+        assert await without.redrive() == []  # not taken for handled
+        [failing] = (await store.stats()).consume_failures
+        assert (failing.retrying, failing.waiting) == (1, 0)  # attempts unchanged: 1
+        await asyncio.sleep(0.1)
+        assert await with_handler.redrive() == ["handled"]
+        assert calls == [1, 2]
+        assert not (await store.stats()).consume_failures
 
 
 async def test_a_handler_raising_cancelled_error_through_inprocess_fails_its_message_alone() -> (

@@ -52,6 +52,10 @@ __all__ = ["consume", "redrive_consume_failures"]
 log = logging.getLogger("outboxer.inbox")
 
 
+def _nowhere(message: Message, attempts: int) -> ConsumeFailure | None:
+    return None
+
+
 def _always(message: Message) -> bool:
     return True
 
@@ -224,16 +228,21 @@ async def redrive_consume_failures(
     retention_seconds: float,
     limit: int,
     may_write: Callable[[Message], bool] = _always,
+    not_here: Callable[[Message, int], ConsumeFailure | None] = _nowhere,
 ) -> list[ConsumeOutcome]:
     """Run ``handler`` again for up to ``limit`` failed consumptions that are due, oldest
-    first, only the earliest waiting message of each key; one transaction each."""
+    first, each message of a key once nothing earlier of it is left; one transaction each.
+
+    ``not_here(message, attempts)`` says when this instance has no handler for a message (a
+    rolling deploy, an instance started with other handlers): the failure is postponed as it
+    says, its attempts unchanged, for an instance that has one; never taken for handled."""
     retention = float(retention_seconds)
     outcomes: list[ConsumeOutcome] = []
     async with store.inbox_session() as session:
         for message_id in await session.due_failures(consumer, limit):
             async with session.transaction() as tx:
                 outcome = await _redrive(
-                    tx, consumer, message_id, handler, on_failure, retention, may_write
+                    tx, consumer, message_id, handler, on_failure, retention, may_write, not_here
                 )
             if outcome is not None:
                 outcomes.append(outcome)
@@ -251,6 +260,7 @@ async def _redrive(
     on_failure: FailurePolicy,
     retention: float,
     may_write: Callable[[Message], bool],
+    not_here: Callable[[Message, int], ConsumeFailure | None],
 ) -> ConsumeOutcome | None:
     # The lock is the re-drive's ownership: held until this transaction ends.
     pending = await tx.lock_failure(consumer, message_id)
@@ -260,6 +270,10 @@ async def _redrive(
         await tx.delete_failure(pending.seq)
         return "duplicate"
     message, attempt = pending.message, pending.attempts + 1
+    postponed = not_here(message, pending.attempts)
+    if postponed is not None:  # no handler in this instance: not re-driven here
+        await tx.update_failure(pending.seq, pending.attempts, postponed)
+        return None
     # A handler that ends the transaction raises HandlerEndedTransaction here: the failure row
     # stays (what the handler committed may repeat once when it is re-driven after a restart).
     error = await tx.run_handler(handler, message, attempt, isolated=may_write(message))
