@@ -131,8 +131,9 @@ def _absolute(when: object) -> dt.datetime | None:
                 f"available_at: now + {when} is outside years 1-9999"
             ) from None
     if isinstance(when, dt.datetime):
-        # A naive datetime is taken as UTC, like datetime.utcnow() produces.
-        if not when.tzinfo:
+        # A naive datetime is taken as UTC, like datetime.utcnow() produces; so is one whose
+        # tzinfo gives no offset (Python's rule for naive: psycopg refused it, a TypeError).
+        if when.utcoffset() is None:
             return when.replace(tzinfo=dt.UTC)
         try:
             # asyncpg and the MySQL writers convert it to UTC, which must be a datetime too

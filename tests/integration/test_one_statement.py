@@ -409,14 +409,26 @@ async def test_a_statement_ending_in_a_semicolon_or_a_comment_is_written(
     conn = await asyncpg.connect(pg_url)
     try:
         async with conn.transaction():
-            for ending in (";", " ;\n", " -- a new order", " ; ;"):
+            # (and, a later probe: a ";" followed by a comment)
+            endings = (";", " ;\n", " -- a new order", " ; ;", "; -- done", "; /* done */",
+                       " /* a /* nested */ */ ; -- b\n")  # fmt: skip
+            for ending in endings:
                 sql, args = outbox.with_message(
                     insert + ending, [], "orders", {"id": Returned("id")}, driver="asyncpg"
                 )
                 assert len(await conn.fetch(sql, *args)) == 1
+            with pytest.raises(ConfigurationError, match="one statement"):  # before any SQL
+                outbox.with_message(
+                    insert + "; SELECT 1", [], "orders", {"id": Returned("id")}, driver="asyncpg"
+                )
+            quoted = insert.replace("DEFAULT VALUES", "VALUES (DEFAULT)") + " -- ';' $$"
+            sql, args = outbox.with_message(
+                quoted, [], "o", {"id": Returned("id")}, driver="asyncpg"
+            )
+            assert len(await conn.fetch(sql, *args)) == 1
     finally:
         await conn.close()
-    assert len(await pg_store.execute("SELECT id FROM {outbox}")) == 4
+    assert len(await pg_store.execute("SELECT id FROM {outbox}")) == 8
 
 
 def test_sqlalchemy_returned_takes_a_columns_key_or_its_name() -> None:

@@ -603,6 +603,31 @@ async def test_enqueue_many_writes_what_enqueue_writes_in_order(database: Databa
     assert expected[4]["available_at"] in (LATER, LATER.timestamp())
 
 
+class NoOffset(dt.tzinfo):
+    """A zone that gives no offset: Python treats such a datetime as naive."""
+
+    def utcoffset(self, when: dt.datetime | None) -> None:
+        return None
+
+    def dst(self, when: dt.datetime | None) -> None:
+        return None
+
+
+async def test_a_datetime_whose_zone_gives_no_offset_is_utc_like_a_naive_one(
+    database: Database,
+) -> None:
+    """Found by a probe: psycopg raised a bare TypeError for it (asyncpg and PyMySQL took
+    it as UTC)."""
+    naive = LATER.replace(tzinfo=None)
+    async with database.transaction() as tx:
+        ids = [
+            await tx.enqueue(topic="t", payload={}, available_at=naive.replace(tzinfo=zone))
+            for zone in (None, NoOffset())
+        ]
+    stored = {r["id"]: r["available_at"] for r in await database.rows()}
+    assert stored[ids[0]] == stored[ids[1]] and stored[ids[0]] in (LATER, LATER.timestamp())
+
+
 async def test_enqueue_many_of_thousands_keeps_their_order(database: Database) -> None:
     # more rows than a writer puts in one chunk of its COPY or multi-row INSERT
     messages = [{"topic": "t", "payload": {"n": n}, "key": f"k{n % 7}"} for n in range(2500)]

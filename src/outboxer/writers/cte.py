@@ -167,5 +167,80 @@ def _statement(
     insert = _insert(names, key, payload, style, first, prefix)
     # A trailing ";" would end the statement inside the CTE, a trailing "-- comment" swallow
     # the rest of the line: both broke the caller's transaction with a syntax error (a probe).
-    business = statement.rstrip(" \t\r\n;")
+    business = statement[: _end_of_statement(statement)]
     return f"WITH {BUSINESS} AS ({business}\n), {MESSAGE} AS ({insert}) SELECT * FROM {BUSINESS}"
+
+
+def _end_of_statement(sql: str) -> int:
+    """Where the statement's last token ends: before the trailing ``;``, whitespace and
+    comments (``... RETURNING id; -- done``), read as PostgreSQL's lexer reads quotes, dollar
+    quotes and comments.
+
+    Raises:
+        ConfigurationError: a ``;`` followed by another statement.
+    """
+    end = position = 0
+    semicolon = None  # where a ";" ended the statement, if one did
+    length = len(sql)
+    while position < length:
+        ch = sql[position]
+        if ch.isspace():
+            position += 1
+            continue
+        if sql.startswith("--", position):
+            newline = sql.find("\n", position)
+            position = length if newline < 0 else newline + 1
+            continue
+        if sql.startswith("/*", position):
+            position = _block_comment_end(sql, position)
+            continue
+        if ch == ";":
+            semicolon = position
+            position += 1
+            continue
+        if semicolon is not None:
+            raise ConfigurationError(
+                "the business statement must be one statement: text follows its ';'"
+            )
+        position = _token_end(sql, position)
+        end = position
+    return end
+
+
+def _block_comment_end(sql: str, position: int) -> int:
+    depth, position = 1, position + 2  # PostgreSQL's block comments nest
+    while depth and position < len(sql):
+        if sql.startswith("/*", position):
+            depth, position = depth + 1, position + 2
+        elif sql.startswith("*/", position):
+            depth, position = depth - 1, position + 2
+        else:
+            position += 1
+    return position
+
+
+def _token_end(sql: str, position: int) -> int:
+    """The end of the token at ``position``: a quoted literal or identifier whole, a dollar
+    quote whole, else one character."""
+    ch = sql[position]
+    if ch in "'\"":
+        escapes = ch == "'" and position > 0 and sql[position - 1] in "eE"
+        position += 1
+        while position < len(sql):
+            if escapes and sql[position] == "\\":
+                position += 2
+            elif sql[position] == ch:
+                if not sql.startswith(ch * 2, position):
+                    return position + 1
+                position += 2  # a doubled quote inside
+            else:
+                position += 1
+        return position
+    if ch == "$":
+        close = sql.find("$", position + 1)
+        tag = sql[position : close + 1] if close > 0 else ""
+        plain = tag[1:-1].replace("_", "a")
+        if tag and (tag == "$$" or plain.isalnum()) and not tag[1].isdigit():
+            found = sql.find(tag, close + 1)
+            return len(sql) if found < 0 else found + len(tag)
+    return position + 1
