@@ -55,6 +55,29 @@ async def test_a_statement_the_database_never_answers_is_an_outage_named_by_its_
         assert (await asyncio.wait_for(store.stats(), 10)).pending == 0
 
 
+async def test_a_new_connection_the_database_never_greets_is_an_outage_too(
+    database: tuple[str, int, str], proxy: TcpProxy
+) -> None:
+    """Found by a probe on MariaDB: asyncmy's connect_timeout bounds the TCP connect only, so
+    a connection the pool opened while the server (or a proxy) accepted and never answered
+    waited forever: the relay froze in silence and could not stop."""
+    url, _, schema = database
+    options = "?command_timeout=1&connect_timeout=1"
+    async with open_store(
+        url.format(port=proxy.port) + options, TableNames(schema=schema)
+    ) as store:
+        await store.migrate()
+        await proxy.pause()
+        with pytest.raises(StoreUnavailable, match=r"within 1 s \(command_timeout\)"):
+            await asyncio.wait_for(store.stats(), 10)
+        # The pool's connection was discarded: the next one is opened, and never greeted.
+        for _ in range(2):
+            with pytest.raises(StoreUnavailable, match=r"within 1 s \((connect|command)_timeout"):
+                await asyncio.wait_for(store.stats(), 10)
+        await proxy.resume()
+        assert (await asyncio.wait_for(store.stats(), 10)).pending == 0
+
+
 def test_the_postgres_command_timeout_goes_to_the_pool_and_not_to_migrations(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -461,7 +461,9 @@ class PooledDatabase(abc.ABC, Generic[_P, _C]):
         acquired = False
         with self.translated_errors():
             try:
-                async with self.pool.acquire() as conn:
+                async with contextlib.AsyncExitStack() as stack:
+                    async with asyncio.timeout(self.acquire_timeout()):
+                        conn = await stack.enter_async_context(self.pool.acquire())
                     acquired = True
                     yield conn
             except TimeoutError as exc:
@@ -471,6 +473,11 @@ class PooledDatabase(abc.ABC, Generic[_P, _C]):
                 if error is None:
                     raise
                 raise error from exc
+
+    def acquire_timeout(self) -> float | None:
+        """How long taking a connection from the pool may take now (``None``: the driver's
+        own bounds, enough where its connect timeout covers the whole handshake)."""
+        return None
 
     def no_answer(self, *, statement: bool) -> StoreError | None:
         """The error of a driver timeout: the database did not answer within the connect

@@ -298,8 +298,26 @@ class MysqlDatabase(PooledDatabase[asyncmy.Pool, Conn]):
             _COMMAND_TIMEOUT.set(None)
             yield conn
 
+    def acquire_timeout(self) -> float | None:
+        # asyncmy's connect_timeout bounds the TCP connect only: a server (or a proxy) that
+        # accepts and never sends its greeting held every new connection, so the relay froze
+        # in silence and could not stop (a probe). Bounded when the pool will open one;
+        # waiting for a busy connection to come back is bounded by that connection's work.
+        pool = self.pool
+        if pool.freesize == 0 and pool.size >= pool.maxsize:
+            return None
+        assert self._options is not None
+        return float(self._options["connect_timeout"])
+
     def no_answer(self, *, statement: bool) -> StoreError | None:
-        if not statement or self.command_timeout is None:
+        if not statement:  # no greeting from a new connection (acquire_timeout)
+            assert self._options is not None
+            return StoreUnavailable(
+                f"MySQL unavailable: no answer from {self._options['host']}:"
+                f"{self._options['port']} within {self._options['connect_timeout']:g} s "
+                "(connect_timeout)"
+            )
+        if self.command_timeout is None:
             return None
         return StoreUnavailable(
             f"MySQL unavailable: no answer within {self.command_timeout:g} s (command_timeout)"
