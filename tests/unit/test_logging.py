@@ -198,3 +198,25 @@ def test_cli_log_format_json(tmp_path: Path) -> None:
     assert any("stopped" in m for m in messages), messages
     assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
     assert "s3cret" not in err
+
+
+def test_asyncpg_pool_outage_warnings_are_one_line() -> None:
+    """Found by a probe: every failed attempt of asyncpg's pool to restore its connection during
+    an outage logged a ~40-line traceback."""
+    import outboxer.stores.postgres.connection  # noqa: F401 - installs the filter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(TextFormatter())
+    pool_log = logging.getLogger("asyncpg.pool")
+    pool_log.addHandler(handler)
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 5432)")
+        except ConnectionRefusedError:
+            pool_log.warning("Failed to restore the pool connection floor; retrying", exc_info=True)
+    finally:
+        pool_log.removeHandler(handler)
+    [line] = stream.getvalue().splitlines()
+    assert line.endswith("retrying: ConnectionRefusedError: [Errno 111] Connect call failed "
+                         "('127.0.0.1', 5432)")  # fmt: skip

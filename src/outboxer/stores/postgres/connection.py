@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, TypeAlias
 from urllib.parse import quote, urlencode
@@ -37,6 +38,7 @@ from outboxer.errors import (
     SchemaError,
     StoreError,
     StoreUnavailable,
+    error_summary,
 )
 from outboxer.stores._common import PooledDatabase
 
@@ -51,6 +53,20 @@ __all__ = [
     "statement_counter",
     "statements_run",
 ]
+
+class _OneLine(logging.Filter):
+    """asyncpg's pool logs every failed attempt to restore its connection floor during an
+    outage with a whole traceback (~40 lines, again at 1, 2, 4 ... 60 s): one line, naming the
+    error, as outboxer's own outage lines (a probe)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            record.msg = f"{record.getMessage()}: {error_summary(record.exc_info[1])}"
+            record.args, record.exc_info, record.exc_text = None, None, None
+        return True
+
+
+logging.getLogger("asyncpg.pool").addFilter(_OneLine())
 
 #: What the store's parts work on: a connection borrowed from the pool.
 Conn: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
