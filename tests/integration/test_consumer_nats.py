@@ -15,7 +15,7 @@ from outboxer.brokers.nats import NatsConsumerSettings
 from outboxer.brokers.nats import consumer as nats_consumer
 from outboxer.brokers.nats.consumer import NatsConsumer, durable_name
 from outboxer.brokers.nats.publisher import NatsPublisher
-from outboxer.errors import ConfigurationError
+from outboxer.errors import ConfigurationError, PermanentPublishError
 from outboxer.message import Message
 from tests.conftest import require_service, unique_name
 from tests.contracts.consumer import ConsumerContract, Prepare, Publish
@@ -133,6 +133,48 @@ async def test_two_subjects_that_would_share_a_durable_are_refused() -> None:
         async with consumer:
             with pytest.raises(ConfigurationError, match="already filters"):
                 await asyncio.wait_for(consumer.run(deliver, asyncio.Event()), 20)
+    finally:
+        await js.delete_stream(stream)
+        await client.close()
+
+
+async def test_a_foreign_message_with_a_status_header_does_not_stop_the_consumer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found by a probe: nats-py takes a message with a user header 'Status' for a JetStream
+    status: without a 'Description' its fetch raised a KeyError that stopped the consumer (exit
+    1, again at every restart), and the messages fetched with it came back after ack_wait to
+    meet it again. It is delivered alone now; outboxer's own publisher never sends such a
+    header."""
+    require_service("NATS", "127.0.0.1", 4222)
+    subject = unique_name("ob")
+    client = await nats.connect(NATS)
+    js = client.jetstream()
+    stream = unique_name("OB")
+    await js.add_stream(name=stream, subjects=[subject])
+    seen: list[str] = []
+    stop = asyncio.Event()
+
+    async def deliver(batch: Sequence[Message]) -> None:
+        seen.extend(m.id for m in batch)
+        if {"m1", "m2", "m3"} <= set(seen):
+            stop.set()
+
+    try:
+        await js.publish(subject, b"{}", headers={"ce-id": "m1"})
+        await js.publish(subject, b"{}", headers={"ce-id": "m2", "Status": "500"})
+        await js.publish(subject, b"{}", headers={"ce-id": "m3"})
+        # (a fetch that meets the Status message loses what it had fetched with it: those
+        # come again after ack_wait)
+        url = f"{NATS}?ack_wait=1"
+        settings = NatsConsumerSettings.from_url(url, name="svc", topics=[subject])
+        async with NatsConsumer(settings) as consumer:
+            await asyncio.wait_for(consumer.run(deliver, stop), 30)
+        assert any("'Status' header" in r.getMessage() for r in caplog.records)
+        async with NatsPublisher.from_url(NATS) as publisher:
+            message = Message(id="x", topic=subject, payload=b"{}", headers={"Status": "1"})
+            [refused] = await publisher.publish([message])
+        assert isinstance(refused, PermanentPublishError) and "'Status'" in str(refused)
     finally:
         await js.delete_stream(stream)
         await client.close()

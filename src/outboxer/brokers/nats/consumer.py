@@ -50,7 +50,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from outboxer.brokers.nats.settings import NatsConsumerSettings
 from outboxer.brokers.nats.wire import decode
-from outboxer.errors import BrokerUnavailable, ConfigurationError
+from outboxer.errors import BrokerUnavailable, ConfigurationError, error_summary
 from outboxer.inbox.consumer import Deliver, Deliveries
 
 __all__ = ["NatsConsumer", "durable_name"]
@@ -66,6 +66,20 @@ _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 #: NATS refuses a longer consumer name (it names a directory of the file store).
 _MAX_DURABLE = 255
+
+
+def _swallowed_message(error: BaseException) -> Msg | None:
+    """The JetStream message a failed ``fetch`` took for a status message: one with a user header
+    'Status' (nats-py reads a status from that header), found in the frames of the failure.
+    A message of the stream has a ``$JS.ACK`` reply subject; a real status message has none."""
+    found = None
+    frame = error.__traceback__
+    while frame is not None:
+        candidate = frame.tb_frame.f_locals.get("msg")
+        if isinstance(candidate, Msg) and (candidate.reply or "").startswith("$JS.ACK."):
+            found = candidate
+        frame = frame.tb_next
+    return found
 
 
 def durable_name(consumer: str, subject: str) -> str:
@@ -232,37 +246,55 @@ class NatsConsumer:
                 batch: list[Msg] = await subscription.fetch(
                     self.settings.batch_size, timeout=_FETCH_SECONDS
                 )
-            except (TimeoutError, nats.errors.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError, nats.errors.Error, KeyError) as exc:
+                swallowed = _swallowed_message(exc)
+                if swallowed is not None:
+                    # Another producer's message with a 'Status' header: nats-py took it for
+                    # a JetStream status and failed the fetch (the messages fetched with it
+                    # come again after ack_wait). Handed over alone, it is stored and acked
+                    # like any other, instead of failing every fetch it comes back in.
+                    log.warning(
+                        "a NATS message of %r has a 'Status' header, which nats-py takes for "
+                        "a JetStream status: delivered alone (rename the header at its "
+                        "producer)",
+                        swallowed.subject,
+                    )
+                    if not await self._submit(client, deliveries, [swallowed]):
+                        return
+                    continue
+                if not isinstance(exc, TimeoutError | nats.errors.TimeoutError):
+                    log.warning("NATS fetch failed: %s", error_summary(exc))
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(1.0):
+                            await stop.wait()
+                    continue
                 # Nothing new, or the durable is gone (an operator deleted it): JetStream
                 # answers no fetch of a missing durable, so it is looked for while idle.
                 if loop.time() >= next_check:
                     next_check = loop.time() + _DURABLE_CHECK_SECONDS
                     subscription = await self._durable_of(client, subject, subscription)
                 continue
-            except nats.errors.Error as exc:
-                log.warning("NATS fetch failed: %s", exc)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(1.0):
-                        await stop.wait()
-                continue
-            messages = []
-            for msg in batch:
-                try:
-                    stream, sequence = msg.metadata.stream, msg.metadata.sequence.stream
-                except (ValueError, AttributeError, IndexError):
-                    stream, sequence = None, None
-                messages.append(
-                    decode(
-                        subject=msg.subject,
-                        data=msg.data,
-                        headers=msg.headers,
-                        stream=stream,
-                        sequence=sequence,
-                    )
-                )
-            acknowledge = functools.partial(self._acknowledge, client, batch)
-            if not await deliveries.submit(messages, acknowledge):
+            if not await self._submit(client, deliveries, batch):
                 return  # not acknowledged: JetStream delivers them again after ack_wait
+
+    async def _submit(self, client: Client, deliveries: Deliveries, batch: list[Msg]) -> bool:
+        messages = []
+        for msg in batch:
+            try:
+                stream, sequence = msg.metadata.stream, msg.metadata.sequence.stream
+            except (ValueError, AttributeError, IndexError):
+                stream, sequence = None, None
+            messages.append(
+                decode(
+                    subject=msg.subject,
+                    data=msg.data,
+                    headers=msg.headers,
+                    stream=stream,
+                    sequence=sequence,
+                )
+            )
+        acknowledge = functools.partial(self._acknowledge, client, batch)
+        return await deliveries.submit(messages, acknowledge)
 
     async def _durable_of(self, client: Client, subject: str, subscription: Any) -> Any:
         """``subscription``, or a new one (its durable created again, from the start of the

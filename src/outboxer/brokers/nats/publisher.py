@@ -48,6 +48,8 @@ Errors, per message unless marked "whole call"::
     no stream captures the subject (no responders)       PermanentPublishError
     subject empty / whitespace / wildcard / empty token  PermanentPublishError (never sent)
     header name not a valid NATS header token            PermanentPublishError (never sent)
+    a header named ``Status`` (nats-py would never       PermanentPublishError (never sent)
+      deliver the message to a consumer)
     headers + payload larger than the server max_payload PermanentPublishError (never sent; the
                                                          server would drop the connection)
     JetStream error 10054/10097 (message/headers over    PermanentPublishError
@@ -422,6 +424,11 @@ class NatsPublisher:
         for name in message.headers:
             if not _HEADER_NAME.fullmatch(name):
                 return b"", f"header name {name!r} is not a valid NATS header name"
+            if name == "Status":  # nats-py's consumers take it for a JetStream status
+                return b"", (
+                    "header 'Status' is not sent: nats-py consumers take a message with it for "
+                    "a JetStream status message and never deliver it; rename the header"
+                )
         try:
             block = wire.header_block(message, self.settings.source)
         except UnicodeEncodeError as exc:

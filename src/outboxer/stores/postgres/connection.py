@@ -54,6 +54,7 @@ __all__ = [
     "statements_run",
 ]
 
+
 class _OneLine(logging.Filter):
     """asyncpg's pool logs every failed attempt to restore its connection floor during an
     outage with a whole traceback (~40 lines, again at 1, 2, 4 ... 60 s): one line, naming the
