@@ -8,16 +8,21 @@ The hangs are short: the server's transaction behind a paused proxy stays open m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import asyncpg
 import pytest
 
-from outboxer.config import TableNames
+import outboxer
+from outboxer.config import RelaySettings, TableNames
 from outboxer.errors import StoreUnavailable
+from outboxer.message import Message
+from outboxer.relay import Relay
 from outboxer.stores import open_store
 from outboxer.stores.mysql.connection import MysqlDatabase, fetch_value
 from outboxer.stores.postgres.connection import PostgresDatabase
+from outboxer.testing import RecordingPublisher
 from tests.tcp_proxy import TcpProxy
 
 
@@ -119,3 +124,39 @@ async def test_a_mysql_statement_may_outlast_the_command_timeout_only_in_migrati
             assert await fetch_value(conn, "SELECT 1") == 1
     finally:
         await db.close()
+
+
+async def test_a_relay_stops_in_bounded_time_while_the_database_does_not_answer(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Found by a probe: a relay stopped while PostgreSQL stopped answering took 22 s past its
+    shutdown timeout, each step of the stop (handing the cut-short batch back, signing off)
+    waiting for its own command or connect timeout. The stop now waits a few seconds for
+    them, then leaves the claim to its lease's expiry (as after kill -9)."""
+    outbox = outboxer.Outbox(schema=pg_schema)
+    async with TcpProxy("127.0.0.1", 5432) as proxy:
+        url = f"postgresql://root@127.0.0.1:{proxy.port}/test?command_timeout=30&connect_timeout=30"
+        async with open_store(url, TableNames(schema=pg_schema)) as store:
+            await store.migrate()
+            conn = await asyncpg.connect(pg_url)
+            try:
+                async with conn.transaction():
+                    for n in range(5):
+                        await outbox.enqueue_async(conn, "orders", {"n": n})
+            finally:
+                await conn.close()
+            publishing = asyncio.Event()
+
+            class Stuck(RecordingPublisher):
+                async def publish(self, messages: Sequence[Message]) -> Any:
+                    publishing.set()
+                    await asyncio.sleep(3600)
+
+            settings = RelaySettings(shutdown_timeout=0.5, poll_interval=0.05)
+            relay = Relay(store, Stuck(), settings)
+            running = asyncio.create_task(relay.run())
+            await asyncio.wait_for(publishing.wait(), 20)
+            await proxy.pause()
+            relay.stop()
+            # 0.5 s, then at most 5 s of hand-back and 2 s of sign-off: not 30 s each
+            await asyncio.wait_for(running, 15)

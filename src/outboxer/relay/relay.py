@@ -91,6 +91,12 @@ __all__ = ["Relay", "RelayCounters"]
 
 log = logging.getLogger("outboxer.relay")
 
+#: How long a stop waits for the batches it cut short to be handed back, and for the relay's
+#: sign-off (its registry row): a stop takes at most ``shutdown_timeout`` + these + the store's
+#: close (5 s), whatever the database does.
+_HAND_BACK_SECONDS = 5.0
+_SIGN_OFF_SECONDS = 2.0
+
 
 @dataclass(slots=True)
 class RelayCounters:
@@ -315,7 +321,8 @@ class Relay:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             with contextlib.suppress(Exception):
-                await self.store.unregister(self.relay_id)
+                async with asyncio.timeout(_SIGN_OFF_SECONDS):  # a nicety: bounded
+                    await self.store.unregister(self.relay_id)
             self._failure_log.flush()
             self.observer.relay_stopped(self.info)
             log.info("relay %s stopped: %s", self.relay_id, self.counters)
@@ -551,6 +558,12 @@ class Relay:
         for task in pending:  # each releases its claim when cancelled
             task.cancel()
         if pending:
+            # A database that stops answering would hold each hand-back for its command (or
+            # connect) timeout: the stop waits this long for them, then leaves the rest to the
+            # lease's expiry, as after kill -9 (a probe: 22 s past --shutdown-timeout).
+            _, stuck = await asyncio.wait(pending, timeout=_HAND_BACK_SECONDS)
+            for task in stuck:
+                task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def _heartbeat_loop(self) -> None:

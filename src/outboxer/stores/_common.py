@@ -465,7 +465,11 @@ class PooledDatabase(abc.ABC, Generic[_P, _C]):
                     async with asyncio.timeout(self.acquire_timeout()):
                         conn = await stack.enter_async_context(self.pool.acquire())
                     acquired = True
-                    yield conn
+                    try:
+                        yield conn
+                    except asyncio.CancelledError:
+                        self.discard(conn)  # mid-statement, perhaps: never handed on
+                        raise
             except TimeoutError as exc:
                 # The driver's timeout says nothing (its text is empty): name the bound that
                 # ran out, the connect timeout of a new connection or a statement's.
@@ -473,6 +477,10 @@ class PooledDatabase(abc.ABC, Generic[_P, _C]):
                 if error is None:
                     raise
                 raise error from exc
+
+    def discard(self, conn: _C) -> None:
+        """Close ``conn`` at once, before the pool takes it back (a cancelled block: a stop).
+        The default leaves it to the pool's release."""
 
     def acquire_timeout(self) -> float | None:
         """How long taking a connection from the pool may take now (``None``: the driver's

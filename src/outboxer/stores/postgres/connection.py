@@ -333,6 +333,12 @@ class PostgresDatabase(PooledDatabase[asyncpg.Pool, Conn]):
         ) as exc:
             raise ConfigurationError(f"PostgreSQL: {_shown(exc)}") from exc
 
+    def discard(self, conn: Conn) -> None:
+        # asyncpg's release of a connection whose statement was cancelled waits for the
+        # cancel request (a new connection: up to connect_timeout) and a reset (unbounded) on
+        # a database that stopped answering: a relay's stop waited for them (a probe).
+        conn.terminate()
+
     async def close(self) -> None:
         if self._owns_pool and self._pool is not None:
             with contextlib.suppress(Exception):
