@@ -84,31 +84,44 @@ def test_durable_names_are_valid_nats_names() -> None:
     assert len(long) == 255 and long != durable_name("c" * 200, "s" * 254 + "t")
 
 
-async def test_a_long_consumer_name_on_a_long_subject_consumes() -> None:
-    """Found by a probe: a valid consumer name (200 characters at most) on a valid subject
-    (255 bytes at most) made a durable name NATS refuses, an 'unexpected BadRequestError'."""
+@contextlib.asynccontextmanager
+async def stream_of(subject: str) -> AsyncIterator[Any]:
+    """JetStream with a fresh stream capturing ``subject``, deleted afterwards."""
     require_service("NATS", "127.0.0.1", 4222)
-    subject = unique_name("ob") + "." + "s" * 200
     client = await nats.connect(NATS)
     js = client.jetstream()
     stream = unique_name("OB")
     await js.add_stream(name=stream, subjects=[subject])
+    try:
+        yield js
+    finally:
+        await js.delete_stream(stream)
+        await client.close()
+
+
+async def consumed(url: str, name: str, subject: str, wanted: set[str]) -> list[str]:
+    """The ids a consumer is handed until it has seen every one of ``wanted``."""
     seen: list[str] = []
     stop = asyncio.Event()
 
     async def deliver(batch: Sequence[Message]) -> None:
         seen.extend(m.id for m in batch)
-        stop.set()
+        if wanted <= set(seen):
+            stop.set()
 
-    try:
+    settings = NatsConsumerSettings.from_url(url, name=name, topics=[subject])
+    async with NatsConsumer(settings) as consumer:
+        await asyncio.wait_for(consumer.run(deliver, stop), 30)
+    return seen
+
+
+async def test_a_long_consumer_name_on_a_long_subject_consumes() -> None:
+    """Found by a probe: a valid consumer name (200 characters at most) on a valid subject
+    (255 bytes at most) made a durable name NATS refuses, an 'unexpected BadRequestError'."""
+    subject = unique_name("ob") + "." + "s" * 200
+    async with stream_of(subject) as js:
         await js.publish(subject, b"{}", headers={"ce-id": "m1"})
-        settings = NatsConsumerSettings.from_url(NATS, name="c" * 200, topics=[subject])
-        async with NatsConsumer(settings) as consumer:
-            await asyncio.wait_for(consumer.run(deliver, stop), 20)
-        assert seen == ["m1"]
-    finally:
-        await js.delete_stream(stream)
-        await client.close()
+        assert await consumed(NATS, "c" * 200, subject, {"m1"}) == ["m1"]
 
 
 async def test_two_subjects_that_would_share_a_durable_are_refused() -> None:
@@ -146,38 +159,19 @@ async def test_a_foreign_message_with_a_status_header_does_not_stop_the_consumer
     1, again at every restart), and the messages fetched with it came back after ack_wait to
     meet it again. It is delivered alone now; outboxer's own publisher never sends such a
     header."""
-    require_service("NATS", "127.0.0.1", 4222)
     subject = unique_name("ob")
-    client = await nats.connect(NATS)
-    js = client.jetstream()
-    stream = unique_name("OB")
-    await js.add_stream(name=stream, subjects=[subject])
-    seen: list[str] = []
-    stop = asyncio.Event()
-
-    async def deliver(batch: Sequence[Message]) -> None:
-        seen.extend(m.id for m in batch)
-        if {"m1", "m2", "m3"} <= set(seen):
-            stop.set()
-
-    try:
+    async with stream_of(subject) as js:
         await js.publish(subject, b"{}", headers={"ce-id": "m1"})
         await js.publish(subject, b"{}", headers={"ce-id": "m2", "Status": "500"})
         await js.publish(subject, b"{}", headers={"ce-id": "m3"})
         # (a fetch that meets the Status message loses what it had fetched with it: those
         # come again after ack_wait)
-        url = f"{NATS}?ack_wait=1"
-        settings = NatsConsumerSettings.from_url(url, name="svc", topics=[subject])
-        async with NatsConsumer(settings) as consumer:
-            await asyncio.wait_for(consumer.run(deliver, stop), 30)
+        await consumed(f"{NATS}?ack_wait=1", "svc", subject, {"m1", "m2", "m3"})
         assert any("'Status' header" in r.getMessage() for r in caplog.records)
         async with NatsPublisher.from_url(NATS) as publisher:
             message = Message(id="x", topic=subject, payload=b"{}", headers={"Status": "1"})
             [refused] = await publisher.publish([message])
         assert isinstance(refused, PermanentPublishError) and "'Status'" in str(refused)
-    finally:
-        await js.delete_stream(stream)
-        await client.close()
 
 
 async def test_a_durable_deleted_under_the_consumer_is_created_again(
