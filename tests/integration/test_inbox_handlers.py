@@ -553,13 +553,14 @@ async def test_a_failure_is_logged_as_it_is_stored_cut_and_escaped(
 
 
 @pytest.mark.parametrize("backend", ["memory", "postgres"])
-async def test_an_instance_without_the_handler_leaves_a_failure_for_one_that_has_it(
+async def test_an_instance_without_the_handler_fails_the_attempt_never_handles_it(
     backend: str, pg_url: str, pg_schema: str
 ) -> None:
     """Found by a probe: an instance of the consumer without a handler for a failed message
     (another --handlers, a rolling deploy) re-drove it as handled: failure deleted, inbox row
-    done, no handler ever succeeded. It is postponed instead, attempts unchanged, and the
-    instance that has the handler takes it."""
+    done, no handler ever succeeded. Its re-drive is a failed attempt like any other: the
+    instance that has the handler takes a later one; if none has it, the message ends as a
+    dead letter that says why (its key is not blocked for good)."""
     has, lacks = HandlerRegistry(), HandlerRegistry()
     calls: list[int] = []
 
@@ -580,18 +581,23 @@ async def test_an_instance_without_the_handler_leaves_a_failure_for_one_that_has
                 PostgresStore(pg_url, TableNames(schema=pg_schema))
             )
             await store.migrate()
-        fast = {"retry": Backoff(base=0.05, cap=0.05)}
+        fast = {"retry": Backoff(base=0.05, cap=0.05), "max_attempts": 4}
         with_handler = Inbox(store, has, settings(**fast))
         without = Inbox(store, lacks, settings(**fast))
-        assert await with_handler.receive_batch([event({}, "Pay", id="p")]) == ["retrying"]
+        batch = [event({}, "Pay", id="p"), event({}, "Pay", id="q")]
+        assert await with_handler.receive_batch(batch) == ["retrying", "retrying"]
         await asyncio.sleep(0.1)
-        assert await without.redrive() == []  # not taken for handled
-        [failing] = (await store.stats()).consume_failures
-        assert (failing.retrying, failing.waiting) == (1, 0)  # attempts unchanged: 1
+        assert await without.redrive() == ["retrying", "retrying"]  # never "handled"
         await asyncio.sleep(0.1)
-        assert await with_handler.redrive() == ["handled"]
-        assert calls == [1, 2]
-        assert not (await store.stats()).consume_failures
+        assert await with_handler.redrive() == ["handled", "handled"]
+        assert calls == [1, 1, 3, 3]  # attempt 2 was the other instance's
+        await with_handler.receive_batch([event({}, "Pay", id="r")])
+        for _ in range(3):
+            await asyncio.sleep(0.1)
+            outcomes = await without.redrive()
+        assert outcomes == ["dead"]
+        dead = await store.get_dead_letter("r")
+        assert "LookupError: no handler for type 'Pay'" in dead.failure_reason
 
 
 async def test_a_handler_raising_cancelled_error_through_inprocess_fails_its_message_alone() -> (

@@ -52,7 +52,7 @@ __all__ = ["consume", "redrive_consume_failures"]
 log = logging.getLogger("outboxer.inbox")
 
 
-def _nowhere(message: Message, attempts: int) -> ConsumeFailure | None:
+def _handled_here(message: Message) -> Exception | None:
     return None
 
 
@@ -228,14 +228,15 @@ async def redrive_consume_failures(
     retention_seconds: float,
     limit: int,
     may_write: Callable[[Message], bool] = _always,
-    not_here: Callable[[Message, int], ConsumeFailure | None] = _nowhere,
+    not_here: Callable[[Message], Exception | None] = _handled_here,
 ) -> list[ConsumeOutcome]:
     """Run ``handler`` again for up to ``limit`` failed consumptions that are due, oldest
     first, each message of a key once nothing earlier of it is left; one transaction each.
 
-    ``not_here(message, attempts)`` says when this instance has no handler for a message (a
-    rolling deploy, an instance started with other handlers): the failure is postponed as it
-    says, its attempts unchanged, for an instance that has one; never taken for handled."""
+    ``not_here(message)`` is the error of an attempt this instance cannot make, having no
+    handler for the message (a rolling deploy, an instance started with other handlers): a
+    failed attempt like any other (retried, at last a dead letter that says so, so that its
+    key is not blocked for good), never taken for handled."""
     retention = float(retention_seconds)
     outcomes: list[ConsumeOutcome] = []
     async with store.inbox_session() as session:
@@ -260,7 +261,7 @@ async def _redrive(
     on_failure: FailurePolicy,
     retention: float,
     may_write: Callable[[Message], bool],
-    not_here: Callable[[Message, int], ConsumeFailure | None],
+    not_here: Callable[[Message], Exception | None],
 ) -> ConsumeOutcome | None:
     # The lock is the re-drive's ownership: held until this transaction ends.
     pending = await tx.lock_failure(consumer, message_id)
@@ -270,13 +271,11 @@ async def _redrive(
         await tx.delete_failure(pending.seq)
         return "duplicate"
     message, attempt = pending.message, pending.attempts + 1
-    postponed = not_here(message, pending.attempts)
-    if postponed is not None:  # no handler in this instance: not re-driven here
-        await tx.update_failure(pending.seq, pending.attempts, postponed)
-        return None
     # A handler that ends the transaction raises HandlerEndedTransaction here: the failure row
     # stays (what the handler committed may repeat once when it is re-driven after a restart).
-    error = await tx.run_handler(handler, message, attempt, isolated=may_write(message))
+    error = not_here(message) or await tx.run_handler(
+        handler, message, attempt, isolated=may_write(message)
+    )
     if error is None:
         await tx.delete_failure(pending.seq)
         await tx.set_done(consumer, message_id, retention)

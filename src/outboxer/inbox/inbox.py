@@ -499,29 +499,15 @@ class Inbox:
             self._handler_time += time.perf_counter() - started
             self._handler_runs += 1
 
-    def _not_here(self, message: Message, attempts: int) -> ConsumeFailure | None:
-        """A failure this instance has no handler for (another instance's handlers, a
-        rolling deploy): postponed for an instance that has one, never taken for handled."""
+    def _not_here(self, message: Message) -> Exception | None:
+        """The error of a re-drive this instance cannot make: no handler for the message here
+        (another instance's handlers, a rolling deploy). A failed attempt like any other,
+        never taken for handled."""
         if self.registry.route(message) is not None:
             return None
-        delay = self.settings.retry.delay(attempts + 1)
-        log.warning(
-            "message %s (key %r, type %r, topic %r) failed earlier, and this instance of "
-            "consumer %r has no handler for it: left for an instance that has one, again in "
-            "%.3gs",
-            message.id,
-            message.key,
-            message.type,
-            message.topic,
-            self.consumer,
-            delay,
-            extra={"message_ids": [message.id]},
+        return LookupError(
+            f"no handler for type {message.type!r} on topic {message.topic!r} in this instance"
         )
-        reason = (
-            f"consumer {self.consumer!r}: an instance without a handler for type "
-            f"{message.type!r} on topic {message.topic!r} left it for one that has"
-        )
-        return ConsumeFailure(reason, delay)
 
     def _judge(self, message: Message, attempts: int, error: Exception) -> ConsumeFailure:
         # As it is stored: cut, control characters escaped (a log line per failure)

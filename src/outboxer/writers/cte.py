@@ -220,22 +220,19 @@ def _block_comment_end(sql: str, position: int) -> int:
 
 
 def _token_end(sql: str, position: int) -> int:
-    """The end of the token at ``position``: a quoted literal or identifier whole, a dollar
-    quote whole, else one character."""
+    """The end of the token at ``position``: a word (keyword or name, ``$`` inside it
+    included) whole, a quoted literal or identifier whole (``E'...'`` with its backslash
+    escapes), a dollar quote whole, else one character."""
     ch = sql[position]
+    if ch.isalpha() or ch == "_" or not ch.isascii():
+        end = position + 1
+        while end < len(sql) and (sql[end].isalnum() or sql[end] in "_$" or not sql[end].isascii()):
+            end += 1
+        if end == position + 1 and ch in "eE" and sql.startswith("'", end):
+            return _quoted_end(sql, end, escapes=True)  # E'...': an escape string
+        return end
     if ch in "'\"":
-        escapes = ch == "'" and position > 0 and sql[position - 1] in "eE"
-        position += 1
-        while position < len(sql):
-            if escapes and sql[position] == "\\":
-                position += 2
-            elif sql[position] == ch:
-                if not sql.startswith(ch * 2, position):
-                    return position + 1
-                position += 2  # a doubled quote inside
-            else:
-                position += 1
-        return position
+        return _quoted_end(sql, position, escapes=False)
     if ch == "$":
         close = sql.find("$", position + 1)
         tag = sql[position : close + 1] if close > 0 else ""
@@ -244,3 +241,19 @@ def _token_end(sql: str, position: int) -> int:
             found = sql.find(tag, close + 1)
             return len(sql) if found < 0 else found + len(tag)
     return position + 1
+
+
+def _quoted_end(sql: str, position: int, *, escapes: bool) -> int:
+    """The end of the quoted literal or identifier opening at ``position`` (a doubled quote
+    inside it is one quote; with ``escapes``, a backslash escapes the next character)."""
+    quote, position = sql[position], position + 1
+    while position < len(sql):
+        if escapes and sql[position] == "\\":
+            position += 2
+        elif sql[position] == quote:
+            if not sql.startswith(quote * 2, position):
+                return position + 1
+            position += 2
+        else:
+            position += 1
+    return position
