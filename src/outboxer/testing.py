@@ -702,9 +702,8 @@ class _Inbox:
         runs: dict[str, list[_Failure]] = {}
         for failure in mine:  # (as inbox_due: every key's first, then every key's second, ...)
             key = failure.message.key
-            run = [failure] if key is None else runs.setdefault(key, [])
-            if key is not None:
-                run.append(failure)
+            run = [] if key is None else runs.setdefault(key, [])  # an unkeyed one: its own
+            run.append(failure)
             if failure.next_attempt_at <= now and run[0].next_attempt_at <= now:
                 due.append((len(run), failure.seq, failure))
         return [failure for _, _, failure in sorted(due, key=lambda d: d[:2])]

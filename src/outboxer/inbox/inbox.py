@@ -66,13 +66,7 @@ from outboxer.inbox.registry import (
     exited,
 )
 from outboxer.message import Message
-from outboxer.ports import (
-    ConsumeFailure,
-    ConsumeOutcome,
-    InboxStore,
-    SweeperStore,
-    failure_reason,
-)
+from outboxer.ports import ConsumeFailure, ConsumeOutcome, InboxStore, SweeperStore
 
 __all__ = [
     "ConsumerStopping",
@@ -510,21 +504,22 @@ class Inbox:
         )
 
     def _judge(self, message: Message, attempts: int, error: Exception) -> ConsumeFailure:
-        # As it is stored: cut, control characters escaped (a log line per failure)
-        reason = failure_reason(f"consumer {self.consumer!r}: {error_summary(error)}")
+        reason = f"consumer {self.consumer!r}: {error_summary(error)}"
         permanent = isinstance(error, PermanentHandlerError | PermanentPublishError)
+        # Logged as it is stored (ConsumeFailure: cut, control characters escaped)
         if permanent or attempts >= self.settings.max_attempts:
+            failure = ConsumeFailure(reason, None)
             log.error(
                 "message %s (key %r, type %r) moved to dead letter after %d attempts: %s",
                 message.id,
                 message.key,
                 message.type,
                 attempts,
-                reason,
+                failure.reason,
                 extra={"message_ids": [message.id]},
             )
-            return ConsumeFailure(reason, None)
-        delay = self.settings.retry.delay(attempts)
+            return failure
+        failure = ConsumeFailure(reason, self.settings.retry.delay(attempts))
         log.warning(
             "message %s (key %r, type %r) failed, attempt %d of %d; retrying in %.3gs: %s",
             message.id,
@@ -532,11 +527,11 @@ class Inbox:
             message.type,
             attempts,
             self.settings.max_attempts,
-            delay,
-            reason,
+            failure.retry_in,
+            failure.reason,
             extra={"message_ids": [message.id]},
         )
-        return ConsumeFailure(reason, delay)
+        return failure
 
     # -- re-drives and the sweep ---------------------------------------------------------------
 

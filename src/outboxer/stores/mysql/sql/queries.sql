@@ -467,10 +467,10 @@ ON DUPLICATE KEY UPDATE
 -- of its own.
 SELECT r.message_id FROM (
     SELECT f.message_id, f.seq, f.next_attempt_at,
-           row_number() OVER (PARTITION BY f.`key`, CASE WHEN f.`key` IS NULL THEN f.seq END ORDER BY f.seq) AS place,
-           first_value(f.next_attempt_at) OVER (PARTITION BY f.`key`, CASE WHEN f.`key` IS NULL THEN f.seq END ORDER BY f.seq) AS head_due_at
+           row_number() OVER w AS place, first_value(f.next_attempt_at) OVER w AS head_due_at
     FROM {inbox_failures} f
     WHERE f.consumer = %(consumer)s AND f.state = 'retrying'
+    WINDOW w AS (PARTITION BY f.`key`, CASE WHEN f.`key` IS NULL THEN f.seq END ORDER BY f.seq)
 ) r
 WHERE r.next_attempt_at <= UTC_TIMESTAMP(6) AND r.head_due_at <= UTC_TIMESTAMP(6)
 ORDER BY r.place, r.seq

@@ -369,7 +369,7 @@ SELECT r.message_id FROM (
     WHERE f.consumer = :consumer AND f.state = 'retrying'
     WINDOW w AS (PARTITION BY f.key, CASE WHEN f.key IS NULL THEN f.seq END ORDER BY f.seq)
 ) r
-WHERE r.next_attempt_at <= (julianday('now') - 2440587.5) * 86400.0 AND r.head_due_at <= (julianday('now') - 2440587.5) * 86400.0
+WHERE max(r.next_attempt_at, r.head_due_at) <= (julianday('now') - 2440587.5) * 86400.0
 ORDER BY r.place, r.seq
 LIMIT :limit
 
