@@ -14,7 +14,7 @@ import dataclasses
 import datetime as dt
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import asyncpg
 import psycopg
@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import outboxer
 from outboxer import Returned, message
@@ -325,6 +325,35 @@ def test_sqlalchemy_needs_returning_and_only_returned_columns() -> None:
     statement = sa.insert(orders).values(customer="c").returning(orders.c.id)
     with pytest.raises(ConfigurationError, match=r"Returned\('customer'\).*\['id'\]"):
         with_message(statement, "t", {}, key=Returned("customer"))
+
+
+def test_sqlalchemy_refuses_an_orm_class_on_several_tables() -> None:
+    """Joined-table inheritance: the ORM sends one INSERT per table, each with the statement's
+    options, so each wrote the message; the second failed on its id and aborted the caller's
+    transaction (a probe). Refused before any SQL; a class on one table works."""
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Employee(Base):
+        __tablename__ = "employee"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        kind: Mapped[str]
+        __mapper_args__: ClassVar[dict[str, Any]] = {
+            "polymorphic_on": "kind",
+            "polymorphic_identity": "employee",
+        }
+
+    class Manager(Employee):
+        __tablename__ = "manager"
+        id: Mapped[int] = mapped_column(sa.ForeignKey("employee.id"), primary_key=True)
+        __mapper_args__: ClassVar[dict[str, Any]] = {"polymorphic_identity": "manager"}
+
+    with pytest.raises(ConfigurationError, match="Manager is mapped to several tables"):
+        with_message(sa.insert(Manager).returning(Manager.id), "staff", {"id": Returned("id")})
+    with pytest.raises(ConfigurationError, match="several tables"):
+        with_message(sa.update(Manager).values(kind="x").returning(Manager.id), "staff", {})
+    with_message(sa.insert(Employee).returning(Employee.id), "staff", {"id": Returned("id")})
 
 
 def test_a_payload_cannot_pass_for_a_returned_column() -> None:

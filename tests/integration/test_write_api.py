@@ -1257,3 +1257,137 @@ async def test_longest_accepted_names_work(pg_url: str) -> None:
     finally:
         await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await admin.close()
+
+
+# -- the connection as the application holds it ---------------------------------------------------
+
+
+@pytest.fixture(
+    params=[
+        ("postgres", "psycopg"),
+        ("mysql", "pymysql"),
+        ("sqlite", "pysqlite"),
+        ("postgres", "asyncpg"),
+        ("mysql", "asyncmy"),
+        ("mysql", "aiomysql"),
+        ("sqlite", "aiosqlite"),
+    ],
+    ids="-".join,
+)
+def engine_url(request: pytest.FixtureRequest) -> tuple[str, Any]:
+    """A SQLAlchemy URL on a migrated outbox and the store that reads it."""
+    database, driver = request.param
+    if database == "postgres":
+        url = request.getfixturevalue("pg_url").replace("postgresql://", f"postgresql+{driver}://")
+        return url, request.getfixturevalue("pg_store")
+    if database == "mysql":
+        url = mysql_url(request.getfixturevalue("mysql_database"), driver)
+        return url, request.getfixturevalue("mysql_store")
+    url = f"sqlite+{driver}:///{request.getfixturevalue('sqlite_path')}"
+    return url, request.getfixturevalue("sqlite_store")
+
+
+async def test_a_connection_that_has_not_begun_commits_the_messages(
+    engine_url: tuple[str, Any],
+) -> None:
+    """SQLAlchemy 2's "commit as you go": ``engine.connect()``, the outbox call first, then
+    ``conn.commit()``. The rows went to the driver's connection behind SQLAlchemy, which had
+    not begun: its commit did nothing and the pool rolled the messages back (a probe)."""
+    url, store = engine_url
+    outbox = outboxer.Outbox(schema=store.names.schema)
+    ids: list[str] = []
+    for count in (1, 3, 1500):  # enqueue; a short batch; a streamed one
+        batch = [{"topic": "orders", "payload": {"n": n}} for n in range(count)]
+        if "+async" in url or "+aio" in url:
+            made = create_async_engine(url)
+            async with made.connect() as aconn:
+                if count == 1:
+                    ids.append(await outbox.enqueue_async(aconn, **batch[0]))
+                else:
+                    ids += await outbox.enqueue_many_async(aconn, batch)
+                await aconn.commit()
+            await made.dispose()
+        else:
+            with engine(url, "") as made, made.connect() as conn:
+                if count == 1:
+                    ids.append(outbox.enqueue(conn, **batch[0]))
+                else:
+                    ids += outbox.enqueue_many(conn, batch)
+                conn.commit()
+    assert len(ids) == 1504
+    assert await pending_ids(store) == set(ids)
+
+
+def test_a_sqlite3_cursor_keeps_its_rows_and_lastrowid(sqlite_path: Any, sqlite_store: Any) -> None:
+    """A loop enqueueing one message per row it reads from its cursor wrote one message and
+    stopped: the INSERT ran on the caller's cursor (a probe). It runs on the cursor's
+    connection now, as with psycopg and the MySQL drivers."""
+    conn = sqlite3.connect(sqlite_path)
+    try:
+        conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, customer TEXT)")
+        conn.executemany("INSERT INTO orders (customer) VALUES (?)", [("a",), ("b",), ("c",)])
+        cursor = conn.cursor()
+        cursor.execute("SELECT id FROM orders ORDER BY id")
+        ids = [outboxer.enqueue(cursor, "orders", {"order_id": n}) for (n,) in cursor]
+        assert len(ids) == 3
+        cursor.execute("INSERT INTO orders (customer) VALUES ('d')")
+        outboxer.enqueue_many(cursor, [{"topic": "orders", "payload": {}}])
+        assert cursor.lastrowid == 4  # the order's, not the outbox row's
+        conn.commit()
+    finally:
+        conn.close()
+
+
+async def test_an_aiosqlite_cursor_keeps_its_rows_and_lastrowid(
+    sqlite_path: Any, sqlite_store: Any
+) -> None:
+    async with aiosqlite.connect(sqlite_path) as conn:
+        await conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, customer TEXT)")
+        await conn.executemany("INSERT INTO orders (customer) VALUES (?)", [("a",), ("b",)])
+        cursor = await conn.execute("INSERT INTO orders (customer) VALUES ('c')")
+        await outboxer.enqueue_async(cursor, "orders", {"customer": "c"})
+        assert cursor.lastrowid == 3
+        cursor = await conn.execute("SELECT id FROM orders ORDER BY id")
+        first = await cursor.fetchone()
+        assert first is not None
+        await outboxer.enqueue_many_async(cursor, [{"topic": "orders", "payload": {}}] * 2)
+        assert await cursor.fetchall() == [(2,), (3,)]
+        await conn.rollback()
+
+
+async def test_psycopg_in_another_client_encoding_writes_what_enqueue_writes(
+    pg_url: str, pg_store: PostgresStore
+) -> None:
+    """A binary COPY's text is read in the client encoding: on a LATIN1 connection
+    ``enqueue_many`` stored 'Ã©' for 'é' (another topic and key than ``enqueue`` wrote)."""
+    outbox = outboxer.Outbox(schema=pg_store.names.schema)
+    message = {"topic": "commandes-été", "payload": {"n": 1}, "key": "clé-1", "type": "Créée"}
+    with psycopg.connect(pg_url, client_encoding="LATIN1") as conn:
+        outbox.enqueue(conn, **message)
+        outbox.enqueue_many(conn, [message, message])
+        outbox.enqueue_many(conn, [message] * 1500)  # streamed
+    rows = await pg_store.execute("SELECT DISTINCT topic, key, type FROM {outbox}")
+    assert [tuple(row) for row in rows] == [("commandes-été", "clé-1", "Créée")]
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_psycopg_with_raw_cursors_writes(
+    pg_url: str, pg_store: PostgresStore, is_async: bool
+) -> None:
+    """A connection whose ``cursor_factory`` is psycopg's ``RawCursor`` ($1 placeholders):
+    outboxer's %s statement was a syntax error that aborted the caller's transaction."""
+    outbox = outboxer.Outbox(schema=pg_store.names.schema)
+    delayed = {"topic": "t", "payload": {}, "available_at": dt.timedelta(0)}  # executemany
+    if is_async:
+        async with await psycopg.AsyncConnection.connect(
+            pg_url, cursor_factory=psycopg.AsyncRawCursor
+        ) as aconn:
+            ids = [await outbox.enqueue_async(aconn, "t", {})]
+            ids += await outbox.enqueue_many_async(aconn, [delayed, delayed])
+            await aconn.execute("SELECT $1::int", [1])  # the caller's transaction goes on
+    else:
+        with psycopg.connect(pg_url, cursor_factory=psycopg.RawCursor) as conn:
+            ids = [outbox.enqueue(conn, "t", {})]
+            ids += outbox.enqueue_many(conn, [delayed, delayed])
+            conn.execute("SELECT $1::int", [1])
+    assert await pending_ids(pg_store) == set(ids)

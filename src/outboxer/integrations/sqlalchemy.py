@@ -87,6 +87,16 @@ def with_message(
             "with_message() takes an insert/update/delete with .returning(...): "
             "one message is written per returned row"
         )
+    entity = statement.entity_description.get("entity")
+    if entity is not None and len(getattr(sa.inspect(entity, raiseerr=False), "tables", ())) > 1:
+        # The ORM sends one statement per table of a joined-table inheritance, each with this
+        # statement's execution options: each would write the message, the second one failing
+        # on its id and aborting the caller's transaction (a probe).
+        raise ConfigurationError(
+            f"with_message(): {getattr(entity, '__name__', entity)} is mapped to several "
+            "tables (joined-table inheritance), which the ORM writes with one statement each: "
+            "use outboxer.enqueue"
+        )
     if template.key or template.payload_columns:
         template = _in_sql_names(template, statement)
     return cast(Statement, statement.execution_options(**{_OPTION: (outbox.names, template)}))

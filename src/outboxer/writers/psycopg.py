@@ -40,10 +40,34 @@ def _copy(names: TableNames) -> str:
     return f"COPY {names.qualified()} ({columns(fields=COPIED)}) FROM STDIN (FORMAT binary)"
 
 
+def _copies(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
+    """Whether ``conn`` can take a binary COPY of outbox rows: not in pipeline mode (where COPY
+    is not allowed), and with UTF-8 as its client encoding. A binary COPY's text fields are
+    read in the client encoding, and :mod:`outboxer.writers.pgcopy` writes UTF-8: on a
+    connection in LATIN1 (a LATIN1 database's default, ``PGCLIENTENCODING``) a topic or key
+    'été' was stored as 'Ã©tÃ©', another key than ``enqueue`` stores for it."""
+    return conn.info.pipeline_status == pq.PipelineStatus.OFF and conn.info.encoding == "utf-8"
+
+
 def _can_copy(conn: psycopg.Connection | psycopg.AsyncConnection, rows: Sequence[Row]) -> bool:
-    return conn.info.pipeline_status == pq.PipelineStatus.OFF and all(
-        row.available_at is None for row in rows
-    )
+    return _copies(conn) and all(row.available_at is None for row in rows)
+
+
+def _cursor(conn: psycopg.Connection) -> psycopg.Cursor:
+    """A cursor of ``conn`` that takes ``%s`` parameters: the connection's own kind (a
+    ``ClientCursor`` stays one), but a plain ``Cursor`` when the connection makes
+    ``RawCursor``s, whose ``$1`` style would send outboxer's ``%s`` to the server as they are:
+    a syntax error that aborted the caller's transaction."""
+    if issubclass(conn.cursor_factory, psycopg.RawCursor):
+        return psycopg.Cursor(conn)
+    return conn.cursor()
+
+
+def _async_cursor(conn: psycopg.AsyncConnection) -> psycopg.AsyncCursor:
+    """:func:`_cursor` for an ``AsyncConnection``."""
+    if issubclass(conn.cursor_factory, psycopg.AsyncRawCursor):
+        return psycopg.AsyncCursor(conn)
+    return conn.cursor()
 
 
 def _until_cancelled(chunks: Iterator[Sequence[Row]]) -> Iterator[Sequence[Row]]:
@@ -74,14 +98,15 @@ class PsycopgWriter:
     ) -> None:
         if isinstance(conn, psycopg.Cursor):
             conn = conn.connection
-        conn.execute(_insert(names), row)
+        with _cursor(conn) as cursor:
+            cursor.execute(_insert(names), row)
 
     def insert_many(
         self, conn: psycopg.Connection | psycopg.Cursor, names: TableNames, rows: Sequence[Row]
     ) -> None:
         if isinstance(conn, psycopg.Cursor):
             conn = conn.connection
-        with conn.cursor() as cursor:
+        with _cursor(conn) as cursor:
             if not _can_copy(conn, rows):
                 cursor.executemany(_insert(names), rows)
                 return
@@ -97,10 +122,10 @@ class PsycopgWriter:
     ) -> bool:
         if isinstance(conn, psycopg.Cursor):
             conn = conn.connection
-        if conn.autocommit or conn.info.pipeline_status != pq.PipelineStatus.OFF:
-            return False  # no transaction block for a savepoint, or no COPY
+        if conn.autocommit or not _copies(conn):
+            return False  # no transaction block for a savepoint, or no binary COPY
         refused: list[BaseException] = []
-        with conn.cursor() as cursor:
+        with _cursor(conn) as cursor:
             cursor.execute(f"SAVEPOINT {STREAM_SAVEPOINT}")  # (psycopg begins first if needed)
             try:
                 with cursor.copy(_copy(names)) as copy:
@@ -130,7 +155,8 @@ class AsyncPsycopgWriter:
     ) -> None:
         if isinstance(conn, psycopg.AsyncCursor):
             conn = conn.connection
-        await conn.execute(_insert(names), row)
+        async with _async_cursor(conn) as cursor:
+            await cursor.execute(_insert(names), row)
 
     async def insert_many(
         self,
@@ -140,7 +166,7 @@ class AsyncPsycopgWriter:
     ) -> None:
         if isinstance(conn, psycopg.AsyncCursor):
             conn = conn.connection
-        async with conn.cursor() as cursor:
+        async with _async_cursor(conn) as cursor:
             if not _can_copy(conn, rows):
                 await cursor.executemany(_insert(names), rows)
                 return
@@ -156,14 +182,14 @@ class AsyncPsycopgWriter:
     ) -> bool:
         if isinstance(conn, psycopg.AsyncCursor):
             conn = conn.connection
-        if conn.autocommit or conn.info.pipeline_status != pq.PipelineStatus.OFF:
+        if conn.autocommit or not _copies(conn):
             return False  # as PsycopgWriter's
         refused: list[BaseException] = []
         # Each statement to its end even if the caller is cancelled meanwhile: psycopg would
         # cancel it on the server (aborting the caller's transaction) or, in the COPY, leave
         # the connection there (the undo could not be sent). A cancellation ends the COPY
         # before the next chunk instead, and the stored ones are undone.
-        async with conn.cursor() as cursor:
+        async with _async_cursor(conn) as cursor:
             await finish(cursor.execute(f"SAVEPOINT {STREAM_SAVEPOINT}"))
             try:
                 data = copy_chunks(_until_cancelled(chunks), refused)

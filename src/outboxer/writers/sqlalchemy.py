@@ -92,6 +92,18 @@ def _dialect(conn: Session | Connection | AsyncSession | AsyncConnection) -> str
     return f"{name}+aiomysql" if name == "mysql" and bind.dialect.driver == "aiomysql" else name
 
 
+def _begun(conn: Session | Connection) -> Connection:
+    """The SQLAlchemy ``Connection`` of ``conn``, its transaction begun as a statement of the
+    application would begin it (SQLAlchemy 2's autobegin). Rows handed to the driver's
+    connection bypass SQLAlchemy: on a ``Connection`` that had not begun yet, its ``commit()``
+    was a no-op and the pool rolled the rows back when the connection was returned."""
+    if isinstance(conn, Session):
+        return conn.connection()  # (begins the session's transaction)
+    if not conn.in_transaction():
+        conn.begin()
+    return conn
+
+
 def _on_mysql(writer: Any) -> bool:
     """Whether ``writer`` is the MySQL drivers' (see :mod:`outboxer.writers.mysql`). Under
     SQLAlchemy their connection runs a statement in SQLAlchemy's transaction, or commits it at
@@ -124,20 +136,20 @@ class SqlalchemyWriter:
         if found is not None:
             found[0].insert_many(found[1], names, rows)
             return
-        connection = conn.connection() if isinstance(conn, Session) else conn
+        connection = _begun(conn)
         dialect = _dialect(connection)
         connection.execute(_insert(names, dialect), [_params(row, dialect) for row in rows])
 
     def insert_chunks(
         self, conn: Session | Connection, names: TableNames, chunks: Iterator[Sequence[Row]]
     ) -> bool:
-        connection = conn.connection() if isinstance(conn, Session) else conn
+        connection = _begun(conn)
         return stream_to_driver(connection.connection.driver_connection, names, chunks)
 
     def _driver_writer(self, conn: Session | Connection) -> tuple[SyncWriter, Any] | None:
         """The writer of the driver underneath and its connection, if it has one and that
         connection is inside SQLAlchemy's transaction."""
-        connection = conn.connection() if isinstance(conn, Session) else conn
+        connection = _begun(conn)
         found = find_writer(connection.connection.driver_connection)
         if found is None:
             return None
@@ -207,7 +219,12 @@ class AsyncSqlalchemyWriter:
     ) -> tuple[AsyncConnection, tuple[Writer, Any] | None]:
         """The connection (the session's, begun if not yet) and the writer of the driver
         underneath with its connection, if outboxer has one."""
-        connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+        if isinstance(conn, AsyncSession):
+            connection = await conn.connection()  # (begins the session's transaction)
+        else:
+            connection = conn
+            if not connection.in_transaction():
+                await connection.begin()  # as _begun: a statement would have begun it
         return connection, find_writer((await connection.get_raw_connection()).driver_connection)
 
     def joins_transaction(self, conn: Any) -> bool:

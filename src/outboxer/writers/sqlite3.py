@@ -41,6 +41,11 @@ def begins_or_in_transaction(connection: Any) -> bool:
     return bool(connection.in_transaction) or (legacy and connection.isolation_level is not None)
 
 
+def _connection(conn: sqlite3.Connection | sqlite3.Cursor) -> sqlite3.Connection:
+    """The connection of a cursor, or ``conn``."""
+    return conn.connection if isinstance(conn, sqlite3.Cursor) else conn
+
+
 class Sqlite3Writer:
     """``sqlite3.Connection`` or ``Cursor``: in its transaction (the module opens one
     implicitly before an INSERT unless the connection is in autocommit mode)."""
@@ -50,7 +55,9 @@ class Sqlite3Writer:
     def insert(
         self, conn: sqlite3.Connection | sqlite3.Cursor, names: TableNames, row: Row
     ) -> None:
-        conn.execute(insert_sql(names), params(row))
+        # On the cursor's connection (a cursor of its own): the caller's cursor keeps the rows
+        # it was reading and its lastrowid, as with psycopg and the MySQL drivers.
+        _connection(conn).execute(insert_sql(names), params(row))
 
     def insert_many(
         self, conn: sqlite3.Connection | sqlite3.Cursor, names: TableNames, rows: Sequence[Row]
@@ -59,7 +66,7 @@ class Sqlite3Writer:
         # INSERT once per row, and a row the database refuses (an id stored before) leaves the
         # rows before it: a savepoint undoes them (or, when the module began the transaction
         # for this statement, a rollback).
-        connection = conn.connection if isinstance(conn, sqlite3.Cursor) else conn
+        conn = connection = _connection(conn)  # (as insert's)
         began = not connection.in_transaction
         if not began:
             conn.execute(SET_SAVEPOINT)
