@@ -288,6 +288,11 @@ def test_the_database_url_carries_sockets_ipv6_and_the_options_the_store_knows()
         with override_settings(OUTBOXER={"SCHEMA": "mine"}):
             assert environment("default")["OUTBOXER_SCHEMA"] == "mine"
             assert tool_names("default").schema == "mine"
+        # None is no schema of its own (as the docs' example writes it): the search_path's,
+        # where the migrations and enqueue put the outbox (the commands read another: a probe)
+        with override_settings(OUTBOXER={"SCHEMA": None}):
+            assert environment("default")["OUTBOXER_SCHEMA"] == "elsewhere"
+            assert tool_names("default").schema == "elsewhere"
     with database_settings("default", HOST="[::1]", PORT="5432", OPTIONS={}):
         assert database_url("default") == f"postgresql://postgres@[::1]:5432/{name}"
     maria = connections["mariadb"].settings_dict["NAME"]

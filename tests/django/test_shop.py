@@ -169,6 +169,42 @@ def test_a_bad_outboxer_setting_is_one_line_for_every_command(
             assert "(outboxer.E001)" in refused.stderr and words in refused.stderr
 
 
+def test_a_project_with_its_own_table_and_settings_option(tmp_path: Path) -> None:
+    """Found by a probe: ``--settings`` (every management command takes it) was refused by
+    ``manage.py outboxer``; with a TABLE of the project's own, ``makemigrations --check``
+    found a change in outboxer's migrations (their dead-letter table was outbox's) and wrote a
+    migration into the installed package; ``sqlmigrate`` printed no DDL."""
+    (tmp_path / "own_table.py").write_text(
+        "from shop.settings import *  # noqa: F403\nOUTBOXER = {'TABLE': 'shop_events'}\n"
+    )
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": os.pathsep.join([PYTHONPATH, str(EXAMPLE), str(tmp_path)]),
+        "SHOP_DATABASE": f"sqlite:///{tmp_path / 'shop.sqlite3'}",
+        "DJANGO_SETTINGS_MODULE": "shop.settings",  # overridden by --settings below
+    }
+
+    def manage(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(EXAMPLE / "manage.py"), *args, "--settings=own_table"],
+            env=env, text=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+
+    assert manage("migrate").returncode == 0
+    unchanged = manage("makemigrations", "--check", "--dry-run", "outboxer")
+    assert unchanged.returncode == 0 and "No changes detected" in unchanged.stdout
+    stats = manage("outboxer", "stats", "--json")
+    assert stats.returncode == 0, stats.stderr
+    assert '"pending": 0' in stats.stdout
+    sql = manage("sqlmigrate", "outboxer", "0001")
+    assert sql.returncode == 0, sql.stderr
+    assert "CANNOT BE WRITTEN" not in sql.stdout
+    assert 'CREATE TABLE "shop_events"' in sql.stdout
+    assert 'CREATE TABLE "shop_events_dead_letters"' in sql.stdout
+    later = manage("sqlmigrate", "outboxer", "0005")  # the statements of version 8 alone
+    assert "version 8" in later.stdout and 'CREATE TABLE "shop_events" (' not in later.stdout
+
+
 def test_list_settings_are_the_words_of_their_variable() -> None:
     """``TOPICS``/``ALLOWED_HOSTS`` as lists reached the command as Python's text of the list
     (a consumer of the streams "['orders'," and "'users']": a probe)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -209,3 +210,48 @@ def test_a_schema_db_upgrade_built_first_is_left_as_it_is(place: Place, tmp_path
         outboxer("db", "upgrade", "--database-url", url, *options).strip()
         == "outbox schema is up to date"
     )
+
+
+def test_autogenerate_leaves_the_outbox_alone_with_include_name(
+    place: Place, tmp_path: Path
+) -> None:
+    """Found by a probe: the outbox's tables are in no project's ``MetaData``, so every
+    ``alembic revision --autogenerate`` proposed to drop them (pending messages included).
+    ``include_name()`` in ``env.py`` leaves them out; the project's own changes still show."""
+    import sqlalchemy as sa
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from outboxer.integrations.alembic import include_name
+
+    alembic_name, _ = place.names
+    _, sqlalchemy_url, schema = place.urls(alembic_name)
+    alembic_env(tmp_path / "alembic", sqlalchemy_url, schema)("upgrade", "head")
+    metadata = sa.MetaData()
+    sa.Table("orders", metadata, sa.Column("id", sa.Integer, primary_key=True), schema=schema)
+
+    def ours(name: str | None, type_: str, parent_names: Any) -> bool:
+        return type_ != "schema" or name == schema  # this test's schema, not the others'
+
+    def changes(hook: Callable[..., bool]) -> list[Any]:
+        engine = sa.create_engine(sqlalchemy_url)
+        try:
+            with engine.connect() as conn:
+                options = {
+                    "include_name": hook,
+                    "include_schemas": schema is not None,
+                    "version_table_schema": schema,  # (as env.py's)
+                }
+                context = MigrationContext.configure(conn, opts=options)
+                return compare_metadata(context, metadata)
+        finally:
+            engine.dispose()
+
+    with warnings.catch_warnings():  # (reflecting the outbox: "did not recognize type xid8")
+        warnings.simplefilter("ignore", sa.exc.SAWarning)
+        dropped = {change[1].name for change in changes(ours) if change[0] == "remove_table"}
+    assert {"outbox", "outbox_dead_letters", "outbox_inbox"} <= dropped
+    assert changes(include_name(schema=schema, then=ours)) == []
+    sa.Table("payments", metadata, sa.Column("id", sa.Integer, primary_key=True), schema=schema)
+    [(change, table)] = changes(include_name(schema=schema, then=ours))
+    assert change == "add_table" and table.name == "payments"

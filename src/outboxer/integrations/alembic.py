@@ -23,6 +23,7 @@ same after outboxer is upgraded. The dialect is the migration context's, so offl
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from alembic import op as alembic_op
@@ -31,8 +32,9 @@ from sqlalchemy import inspect, text
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
 from outboxer.stores import ddl
+from outboxer.stores._sql import TABLES
 
-__all__ = ["op_upgrade"]
+__all__ = ["include_name", "op_upgrade"]
 
 log = logging.getLogger("outboxer.alembic")
 
@@ -95,3 +97,27 @@ def _installed(bind: Any, names: TableNames) -> int:
     qualified = quoted(table) if names.schema is None else f"{quoted(names.schema)}.{quoted(table)}"
     version = bind.execute(text(f"SELECT max(version) FROM {qualified}")).scalar()
     return int(version or 0)
+
+
+def include_name(
+    table: str = "outbox",
+    schema: str | None = None,
+    *,
+    then: Callable[[str | None, str, Mapping[str, Any]], bool] | None = None,
+) -> Callable[[str | None, str, Mapping[str, Any]], bool]:
+    """An ``include_name`` hook for ``context.configure`` in ``env.py``: autogenerate leaves
+    the outbox's tables alone (they are in no project's ``MetaData``, so without it every
+    ``alembic revision --autogenerate`` proposes to drop them, messages included)::
+
+        context.configure(..., target_metadata=metadata, include_name=include_name())
+
+    ``then``: the project's own ``include_name``, asked about every other name."""
+    names = TableNames(table=table, schema=schema)  # validated as op_upgrade's
+    ours = {f"{names.table}{suffix}" for suffix in TABLES.values()}
+
+    def include(name: str | None, type_: str, parent_names: Mapping[str, Any]) -> bool:
+        if type_ == "table" and name in ours and parent_names.get("schema_name") == schema:
+            return False
+        return then(name, type_, parent_names) if then is not None else True
+
+    return include

@@ -29,17 +29,23 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _MIGRATION = re.compile(r"^(\d{4})_\w+\.sql$")
 
 
+#: The tables of one outbox: each one's placeholder and the suffix of its name.
+TABLES = {
+    "outbox": "",
+    "dead_letters": "_dead_letters",
+    "relays": "_relays",
+    "sweeps": "_sweeps",
+    "schema_version": "_schema_version",
+    "inbox": "_inbox",
+    "inbox_failures": "_inbox_failures",
+}
+
+
 def placeholders(names: TableNames, quote: str = '"') -> dict[str, str]:
     """The substitutions for one outbox."""
     return {
-        "outbox": names.qualified(quote=quote),
-        "dead_letters": names.qualified("_dead_letters", quote=quote),
-        "relays": names.qualified("_relays", quote=quote),
-        "sweeps": names.qualified("_sweeps", quote=quote),
-        "schema_version": names.qualified("_schema_version", quote=quote),
+        **{table: names.qualified(suffix, quote=quote) for table, suffix in TABLES.items()},
         "notify_fn": names.qualified("_notify", quote=quote),
-        "inbox": names.qualified("_inbox", quote=quote),
-        "inbox_failures": names.qualified("_inbox_failures", quote=quote),
         "t": names.table,
         "channel": names.channel,
     }

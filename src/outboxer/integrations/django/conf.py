@@ -225,7 +225,7 @@ def environment(alias: str | None = None) -> dict[str, str]:
         env[variable] = _variable_value(key, value)
     env["OUTBOXER_DATABASE_URL"] = database_url(alias)
     schema = search_path_schema(alias)
-    if schema is not None and "SCHEMA" not in _setting():
+    if schema is not None and _setting().get("SCHEMA") is None:  # (None: as if unset)
         env["OUTBOXER_SCHEMA"] = schema
     return env
 

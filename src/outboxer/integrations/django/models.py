@@ -43,7 +43,10 @@ class MomentField(models.Field):
         return value
 
 
-def _db_table(suffix: str) -> str:
+def table_name(suffix: str) -> str:
+    """The outbox's table ending in ``suffix`` as the ``OUTBOXER`` setting names it: the
+    model's and its migration's (so a project's own TABLE or SCHEMA is no change for
+    ``makemigrations``)."""
     # A schema-qualified name arrives quoted, which Django then leaves as it is.
     try:
         conf = outbox()
@@ -76,7 +79,7 @@ class DeadLetter(models.Model):
 
     class Meta:
         managed = False
-        db_table = _db_table("_dead_letters")
+        db_table = table_name("_dead_letters")
         ordering = ("-dl_seq",)
         verbose_name = "dead letter"
 

@@ -18,6 +18,9 @@ from outboxer.stores import ddl
 
 __all__ = ["UpgradeOutbox", "installed_version"]
 
+#: The schema version the app's first migration (0001) installs; each later one adds one.
+_FIRST = 4
+
 
 def installed_version(connection: Any, dialect: str, names: Any) -> int:
     """The outboxer schema version on ``connection``, 0 when there is none."""
@@ -45,6 +48,10 @@ class UpgradeOutbox(migrations.RunPython):
         # DDL inside atomic(), and every migration of outboxer is safe to run again instead.
         super().__init__(self._forwards, migrations.RunPython.noop, atomic=False)
 
+    #: ``sqlmigrate`` prints the statements (those taking the schema from the version of the
+    #: migration before, without looking at the database) instead of "CANNOT BE WRITTEN AS SQL"
+    reduces_to_sql = True
+
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         return (f"{__name__}.{type(self).__qualname__}", [self.version], {})
 
@@ -55,7 +62,10 @@ class UpgradeOutbox(migrations.RunPython):
         connection = schema_editor.connection
         dialect = ddl.dialect_of(connection.vendor)
         names = outbox().names
-        current = installed_version(connection, dialect, names)
+        if schema_editor.collect_sql:  # sqlmigrate: what this migration runs after the one before
+            current = 0 if self.version == _FIRST else self.version - 1
+        else:
+            current = installed_version(connection, dialect, names)
         if current >= self.version:
             return
         for statement in ddl.upgrade_statements(dialect, names, current, self.version):

@@ -50,7 +50,9 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "dead letter",
-                "db_table": "outbox_dead_letters",
+                # the table of the OUTBOXER setting, as the model's Meta: a TABLE or SCHEMA of the
+                # project's own is no change for makemigrations
+                "db_table": outboxer.integrations.django.models.table_name("_dead_letters"),
                 "ordering": ("-dl_seq",),
                 "managed": False,
             },

@@ -34,6 +34,25 @@ def _settings_as_environment() -> Iterator[None]:
             os.environ.pop(name, None)
 
 
+#: Options of every management command that Django's ManagementUtility has applied already
+#: (DJANGO_SETTINGS_MODULE, sys.path) before the command runs: not outboxer's to parse.
+_DJANGO_OPTIONS = ("--settings", "--pythonpath")
+
+
+def _without_django_options(arguments: list[str]) -> list[str]:
+    """``arguments`` without ``--settings X`` / ``--settings=X`` / ``--pythonpath ...``."""
+    kept: list[str] = []
+    skip = False
+    for argument in arguments:
+        if skip:
+            skip = False
+        elif argument in _DJANGO_OPTIONS:
+            skip = True
+        elif not argument.startswith(tuple(f"{option}=" for option in _DJANGO_OPTIONS)):
+            kept.append(argument)
+    return kept
+
+
 class Command(BaseCommand):
     help = "outboxer's command (relay, consume, stats, dlq, messages) on this project's database."
 
@@ -44,7 +63,7 @@ class Command(BaseCommand):
         # outboxer's parser gets the whole command line (its --help and its errors included)
         prog_name = f"{os.path.basename(argv[0])} {argv[1]}"
         try:
-            self._outboxer(argv[2:], prog_name)
+            self._outboxer(_without_django_options(argv[2:]), prog_name)
         except ImproperlyConfigured as exc:  # a setting the command cannot take: one line
             sys.stderr.write(f"{prog_name}: error: {exc}\n")
             sys.exit(2)
