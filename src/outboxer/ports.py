@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
@@ -230,7 +231,9 @@ class _StoredEnvelope:
         try:
             payload: Any = self.payload.decode()
             if self.content_type.startswith("application/json"):
-                payload = json.loads(payload, parse_constant=_no_constant)
+                payload = json.loads(
+                    payload, parse_constant=_no_constant, parse_float=_finite_float
+                )
                 if not _shallow(payload):
                     raise ValueError("nested too deep")
         except (UnicodeDecodeError, ValueError, RecursionError):
@@ -255,6 +258,16 @@ MAX_SHOWN_DEPTH = 100
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number as a float, unless it is beyond a float's range (``1e400``, valid JSON):
+    ``float`` makes it infinite, which JSON output cannot carry (``json.dumps`` wrote
+    ``Infinity``, pydantic ``null``): such a payload is shown as base64 instead."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is beyond the range of a float")
+    return value
 
 
 def _shallow(value: Any) -> bool:

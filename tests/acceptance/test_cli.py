@@ -650,3 +650,30 @@ def test_a_stopping_relay_held_by_a_handler_exits_at_a_second_signal(
     ], stderr
     pending = cli("messages", "list", *db, "--json")
     assert [m["id"] for m in json.loads(pending.stdout)["items"]] == [stubborn]
+
+
+def test_ctrl_c_is_exit_130_interrupted(cli: Cli, pg_url: str, pg_schema: str) -> None:
+    """Found by a probe: click turned the KeyboardInterrupt into an Abort, which was exit 1
+    "aborted" (docs/operations.md: 130 when interrupted)."""
+    db = ["--database-url", pg_url, "--schema", pg_schema]
+    assert cli("db", "upgrade", *db).returncode == 0
+    with psycopg.connect(pg_url) as holder:  # dlq list waits behind this lock
+        holder.execute(f'LOCK TABLE "{pg_schema}".outbox_dead_letters')  # type: ignore[arg-type]
+        listing = cli.start("dlq", "list", *db)
+        waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass"
+        table = f'"{pg_schema}".outbox_dead_letters'
+        wait_until(
+            lambda: holder.execute(waiting, [table]).fetchone() == (1,),  # type: ignore[arg-type]
+            what="dlq list waiting for the lock",
+        )
+        listing.send_signal(signal.SIGINT)
+        out, err = listing.communicate(timeout=30)
+    assert listing.returncode == 130, (out, err)
+    assert [line for line in err.splitlines() if line.strip()] == ["outboxer: error: interrupted"]
+
+
+def test_a_drain_timeout_that_is_not_a_number_is_refused(cli: Cli, sqlite_db: Database) -> None:
+    """``nan`` passed click's FloatRange: the drain "timed out" at once, exit 1 (a probe)."""
+    for value in ("nan", "-1", "0"):
+        result = cli("relay", *sqlite_db.args, "--broker", "null://", "--drain-timeout", value)
+        assert_one_line_error(result, 2, "--drain-timeout")

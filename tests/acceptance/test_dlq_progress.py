@@ -76,6 +76,10 @@ async def test_replay_all_shows_a_counted_progress_bar_and_moves_everything(
         await store.migrate()
         await dead_letters(pg_url, store, pg_schema, "orders", 1234)
         assert (await store.stats()).dead_letters == 1234
+        dead = [
+            row["id"]
+            for row in await store.execute("SELECT id FROM {dead_letters} ORDER BY dl_seq")
+        ]
         db = ["--database-url", pg_url, "--schema", pg_schema]
         code, out, terminal = run_on_a_terminal(cli, "dlq", "replay", *db, "--all")
         assert code == 0, terminal
@@ -84,6 +88,10 @@ async def test_replay_all_shows_a_counted_progress_bar_and_moves_everything(
         assert out.startswith("replayed 1234 dead letter(s)")
         stats = await store.stats()
         assert (stats.dead_letters, stats.pending) == (0, 1234)
+        # back in the outbox in the order they were written, as without a terminal: the
+        # chunks went newest first, a key's newer messages ahead of its older ones (a probe)
+        rows = await store.execute("SELECT id FROM {outbox} ORDER BY seq")
+        assert [row["id"] for row in rows] == dead
 
 
 async def test_purge_by_topic_with_progress_leaves_other_topics(

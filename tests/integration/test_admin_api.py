@@ -345,8 +345,10 @@ async def test_a_hostile_json_payload_is_shown_as_base64_and_the_list_still_answ
     a payload came out as ``NaN`` in ``--json`` (not JSON) and ``null`` in the API."""
     deep = b"[" * 100_000 + b"]" * 100_000
     constants = b"[NaN, Infinity, -Infinity]"
+    huge = b'{"amount": 1e400}'  # valid JSON, beyond a float: Infinity in --json, null here
     await give_up_on(pg_store, "deep-1", payload=deep)
     await give_up_on(pg_store, "nan-1", payload=constants)
+    await give_up_on(pg_store, "huge-1", payload=huge)
     await give_up_on(pg_store, "fine-1", payload=b'{"order": [1, {"id": 2}]}')
     response = await admin.get("/api/deadletters")
     assert response.status_code == 200, response.text
@@ -354,11 +356,12 @@ async def test_a_hostile_json_payload_is_shown_as_base64_and_the_list_still_answ
     assert shown == {
         "deep-1": {"base64": base64.b64encode(deep).decode()},
         "nan-1": {"base64": base64.b64encode(constants).decode()},
+        "huge-1": {"base64": base64.b64encode(huge).decode()},
         "fine-1": {"order": [1, {"id": 2}]},
     }
     assert (await admin.get("/api/deadletters/deep-1")).status_code == 200
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXER_")}
-    for command in (["list"], ["show", "nan-1"], ["show", "deep-1"]):
+    for command in (["list"], ["show", "nan-1"], ["show", "deep-1"], ["show", "huge-1"]):
         result = await asyncio.to_thread(
             subprocess.run,
             [OUTBOXER, "dlq", *command, "--database-url", pg_url, "--schema", pg_schema, "--json"],
@@ -458,6 +461,15 @@ async def test_an_id_back_in_the_outbox_with_both_dead_letters_is_replayed_whole
     assert "'direction' is given more than once" in assert_problem(response, 400)
     response = await admin.get("/api/deadletters", params=[("topic", "a"), ("topic", "b")])
     assert "'topic' is given more than once" in assert_problem(response, 400)
+    body = b'{"topic": "nothing-here", "topic": "' + dead_id.encode() + b'", "ids": null}'
+    for action in ("purge", "replay"):  # as in a query: the last value acted, 200 (a probe)
+        response = await admin.post(
+            f"/api/deadletters/{action}",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+        assert "body field 'topic' is given more than once" in assert_problem(response, 400)
+    assert await snapshot(pg_store) == before
     # A parameter the route does not take is refused on every route, not only on the lists:
     # a misspelt ?directon=consume deleted (or replayed) both dead letters of the id.
     misspelt = {"directon": "consume"}

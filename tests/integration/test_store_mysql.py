@@ -10,6 +10,7 @@ import asyncmy
 import pytest
 
 from outboxer.config import RelaySettings, TableNames
+from outboxer.errors import SchemaError
 from outboxer.outbox import Outbox
 from outboxer.ports import ClaimRequest
 from outboxer.relay import Relay
@@ -231,3 +232,27 @@ async def test_a_cancelled_statement_always_ends_its_task(mysql_store: MysqlStor
         task.cancel()
         done, _ = await asyncio.wait({task}, timeout=5)
         assert done, "a cancellation was lost: the task ran on"
+
+
+@pytest.mark.parametrize("suffix", ["", "_dead_letters"])
+async def test_a_table_of_the_outboxes_name_not_made_by_outboxer_is_refused_first(
+    mysql_url: str, mysql_database: str, suffix: str
+) -> None:
+    """Found by a probe: ``CREATE TABLE IF NOT EXISTS`` let an application's own ``outbox``
+    pass, versions 1-4 were recorded around it, and every upgrade then failed on its missing
+    columns. Refused before any DDL now, as on PostgreSQL and SQLite (their plain CREATE)."""
+    conn = await mysql_connect(mysql_database)
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute(f"CREATE TABLE outbox{suffix} (id int PRIMARY KEY, data text)")
+    finally:
+        conn.close()
+    async with MysqlStore(mysql_url, TableNames(schema=mysql_database)) as store:
+        for _ in range(2):  # and again: still nothing done
+            with pytest.raises(SchemaError, match=f"table `outbox{suffix}` already exists"):
+                await store.migrate()
+            tables = await store.execute(
+                "SELECT TABLE_NAME AS name FROM information_schema.TABLES "
+                f"WHERE TABLE_SCHEMA = '{mysql_database}'"
+            )
+            assert [row["name"] for row in tables] == [f"outbox{suffix}"]

@@ -165,7 +165,10 @@ def errors_as_one_line() -> Iterator[None]:
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx else "outboxer"
         fail(f"{exc.format_message()} (see '{where} --help')", EXIT_USAGE)
-    except click.Abort:
+    except click.Abort as exc:
+        # click turns a KeyboardInterrupt (Ctrl-C, SIGINT) into Abort when not standalone.
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            fail("interrupted", EXIT_INTERRUPTED)
         fail("aborted")
     except click.ClickException as exc:
         fail(exc.format_message(), exc.exit_code)

@@ -176,7 +176,10 @@ async def _bulk_in_chunks(
     run. If a chunk fails, the error says how many were done before it; running the command
     again finishes the rest (replayed/purged ones no longer match).
     """
-    ids = list(dict.fromkeys(flt.ids)) if flt.ids is not None else await dead_letter_ids(store, flt)
+    # Oldest first, as the one-statement replay (its INSERT ... ORDER BY dl_seq): the chunks
+    # must not put a key's newer dead letters back in the outbox before its older ones.
+    # dead_letter_ids lists newest first, also for given ids (each once, whatever their order).
+    ids = list(reversed(await dead_letter_ids(store, flt)))
     label = {"replayed": "replaying", "purged": "purging"}.get(verb, verb)
     done: list[str] = []
     with click.progressbar(

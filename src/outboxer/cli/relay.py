@@ -14,13 +14,14 @@ from outboxer.cli._common import fail, open_store, stop_on_signals
 from outboxer.cli.options import (
     app_dir_option,
     build_settings,
+    checked,
     database_options,
     env_option,
     host_option,
     port_option,
     settings_options,
 )
-from outboxer.config import RelaySettings, TableNames
+from outboxer.config import RelaySettings, Setting, TableNames
 from outboxer.errors import StoreUnavailable
 
 
@@ -45,7 +46,9 @@ from outboxer.errors import StoreUnavailable
     "--drain-timeout",
     default=300.0,
     show_default=True,
-    type=click.FloatRange(0, 86400, min_open=True),
+    type=click.FLOAT,
+    # not FloatRange: it lets nan through (see consume's --shutdown-timeout)
+    callback=checked(Setting("", minimum=0, maximum=86400, above_minimum=True)),
     help="With --drain: seconds before giving up (broker down, retries not done) with exit 1.",
 )
 @env_option(

@@ -78,8 +78,11 @@ class MysqlSchema(MysqlPart):
         ):
             await execute(conn, f"CREATE DATABASE `{schema}`")
         if not await self._version_table_exists(conn):
+            await self._refuse_foreign_tables(conn)  # before any DDL of a first install
             await execute(conn, ddl.version_table("mysql", self.names))
         current = await fetch_value(conn, f"SELECT MAX(version) FROM {version_table}") or 0
+        if not current:
+            await self._refuse_foreign_tables(conn)
         applied: list[int] = []
         for step in ddl.pending("mysql", self.names, current, target):
             for statement in step.statements:
@@ -91,6 +94,32 @@ class MysqlSchema(MysqlPart):
                     log.info("schema version %d: already applied (%s)", step.version, exc)
             applied.append(step.version)
         return applied
+
+    async def _refuse_foreign_tables(self, conn: Conn) -> None:
+        """Before a first install: a table of outboxer's names that outboxer did not create
+        (an application's own ``outbox``) is refused before any DDL. Its ``CREATE TABLE IF NOT
+        EXISTS`` would let it pass, versions 1-4 would be recorded on it and version 5 would
+        fail on its missing columns, for good, with six tables created around it. A table an
+        interrupted first install created has the columns checked here and is completed."""
+        names = self.names
+        where = "TABLE_SCHEMA = COALESCE(%(schema)s, DATABASE()) AND TABLE_NAME = %(t)s"
+        for suffix, column in (("", "claim_token"), ("_dead_letters", "dl_seq")):
+            args = {"schema": names.schema, "t": f"{names.table}{suffix}", "c": column}
+            exists = await fetch_value(
+                conn, f"SELECT COUNT(*) FROM information_schema.TABLES WHERE {where}", args
+            )
+            ours = await fetch_value(
+                conn,
+                f"SELECT COUNT(*) FROM information_schema.COLUMNS WHERE {where} "
+                "AND COLUMN_NAME = %(c)s",
+                args,
+            )
+            if exists and not ours:
+                raise SchemaError(
+                    f"table `{args['t']}` already exists and was not created by outboxer (it "
+                    f"has no {column} column): nothing was changed; choose another --table "
+                    "(or --schema) for the outbox"
+                )
 
     async def _version_table_exists(self, conn: Conn) -> bool:
         names = self.names
