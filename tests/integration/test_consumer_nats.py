@@ -223,3 +223,59 @@ def test_consumer_options_are_taken_out_of_the_url() -> None:
         f"{NATS}?ack_wait=5&max_ack_pending=10&name=x", name="svc", topics=["a.b"]
     )
     assert (settings.ack_wait, settings.max_ack_pending, settings.connection.name) == (5, 10, "x")
+
+
+async def test_a_restarted_consumer_takes_what_the_dead_one_left_before_anything_newer() -> None:
+    """Found by a probe: a consumer killed with three messages of a key fetched and not
+    acknowledged, a fourth published, the consumer restarted: JetStream delivered the fourth
+    at once and the three only after ack_wait, so the key's effects came as [4, 1, 2, 3]."""
+    subject = unique_name("ob")
+    url = f"{NATS}?ack_wait=2"
+    async with stream_of(subject) as js:
+        for n in (1, 2, 3):
+            await js.publish(subject, b"{}", headers={"ce-id": f"m{n}"})
+        # the instance that was killed: its durable, its fetch, no acknowledgement
+        settings = NatsConsumerSettings.from_url(url, name="svc", topics=[subject])
+        durable = durable_name("svc", subject)
+        dead = await nats.connect(NATS)
+        try:
+            config = nats.js.api.ConsumerConfig(
+                ack_policy=nats.js.api.AckPolicy.EXPLICIT, ack_wait=settings.ack_wait
+            )
+            fetched = await dead.jetstream().pull_subscribe(subject, durable=durable, config=config)
+            assert len(await fetched.fetch(3, timeout=5)) == 3
+        finally:
+            await dead.close()
+        await js.publish(subject, b"{}", headers={"ce-id": "m4"})
+        assert await consumed(url, "svc", subject, {"m1", "m2", "m3", "m4"}) == [
+            "m1", "m2", "m3", "m4"
+        ]  # fmt: skip
+
+
+async def test_a_consumer_started_beside_a_live_one_waits_only_for_its_batch() -> None:
+    """The wait above ends as soon as what was delivered before the start is acknowledged (a
+    live instance storing its batch), not after ack_wait."""
+    subject = unique_name("ob")
+    url = f"{NATS}?ack_wait=30"
+    async with stream_of(subject) as js:
+        await js.publish(subject, b"{}", headers={"ce-id": "m1"})
+        settings = NatsConsumerSettings.from_url(url, name="svc", topics=[subject])
+        live = await nats.connect(NATS)
+        try:
+            config = nats.js.api.ConsumerConfig(
+                ack_policy=nats.js.api.AckPolicy.EXPLICIT, ack_wait=settings.ack_wait
+            )
+            reader = await live.jetstream().pull_subscribe(
+                subject, durable=durable_name("svc", subject), config=config
+            )
+            [held] = await reader.fetch(1, timeout=5)
+            await js.publish(subject, b"{}", headers={"ce-id": "m2"})
+            starting = asyncio.create_task(consumed(url, "svc", subject, {"m2"}))
+            await asyncio.sleep(3.0)
+            assert not starting.done()  # waiting for m1's acknowledgement
+            await held.ack_sync()
+            started = asyncio.get_running_loop().time()
+            assert await asyncio.wait_for(starting, 10) == ["m2"]
+            assert asyncio.get_running_loop().time() - started < 5  # not ack_wait's 30 s
+        finally:
+            await live.close()

@@ -117,11 +117,16 @@ def test_consumer_options_are_taken_out_of_the_url() -> None:
     assert settings.connection.socket_timeout == 3
 
 
-async def test_a_restarted_member_takes_over_what_the_dead_one_left_before_reading_anew() -> None:
+@pytest.mark.parametrize("reclaimed_own", [False, True], ids=["read", "read-and-reclaimed"])
+async def test_a_restarted_member_takes_over_what_the_dead_one_left_before_reading_anew(
+    reclaimed_own: bool,
+) -> None:
     """A member killed with entries pending; a new member starts while more of the same key are
     written. Found by a probe: the new member read the new entries at once and handled them
     before the dead member's, which it reclaimed ``claim_idle`` later: the key's order broken
-    after one kill -9. Now the pending entries go first."""
+    after one kill -9. Now the pending entries go first. And in entry order: a member that had
+    reclaimed its own oldest entries (a slow batch) reset their idle time, so XAUTOCLAIM took
+    the newer ones first (a probe); they are taken over once all of them are idle."""
     require_service("Redis", "127.0.0.1", 6379)
     stream = unique_name("ob")
     client = Redis.from_url(REDIS)
@@ -137,6 +142,10 @@ async def test_a_restarted_member_takes_over_what_the_dead_one_left_before_readi
             await client.xadd(stream, {"id": f"m{n}", "key": "k", "payload": "{}"})
         dead = await client.xreadgroup("svc", "dead-member", {stream: ">"}, count=5)
         assert len(dead[0][1]) == 5  # read, never acknowledged: the member was killed
+        if reclaimed_own:  # ... after it had reclaimed its two oldest (their idle time reset)
+            await asyncio.sleep(0.6)
+            first_two = [entry_id for entry_id, _ in dead[0][1][:2]]
+            await client.xclaim(stream, "svc", "dead-member", 0, first_two)
         for n in range(5, 10):
             await client.xadd(stream, {"id": f"m{n}", "key": "k", "payload": "{}"})
         url = f"{REDIS}?claim_idle=1&block=0.2"

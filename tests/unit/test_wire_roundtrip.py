@@ -310,3 +310,13 @@ def test_received_replaces_text_over_255_bytes_by_its_digest() -> None:
     assert received(dataclasses.replace(clean, id="\x00" * 300)).id == (
         f"sha256:{hashlib.sha256(replaced).hexdigest()}"
     )
+
+
+def test_redis_headers_nested_too_deep_are_no_headers() -> None:
+    """Any client may XADD any text: JSON headers nested 100,000 deep raised a RecursionError
+    that stopped the consumer at every start (the entry stayed pending; a probe)."""
+    for deep in ("[" * 100_000, '{"a":' * 100_000):
+        decoded = redis_wire.decode(
+            stream="t", entry_id="1-0", fields={b"id": b"deep", b"headers": deep.encode()}
+        )
+        assert (decoded.id, decoded.headers) == ("deep", {})

@@ -61,6 +61,8 @@ log = logging.getLogger("outboxer.consumer.nats")
 _FETCH_SECONDS = 1.0
 #: How often an idle consumer checks that its durable still exists (seconds).
 _DURABLE_CHECK_SECONDS = 10.0
+#: How often a starting consumer looks whether what was delivered before it is acknowledged.
+_LEFT_POLL_SECONDS = 0.2
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -229,7 +231,44 @@ class NatsConsumer:
         self, client: Client, subject: str, subscription: Any, deliver: Deliver, stop: asyncio.Event
     ) -> None:
         async with Deliveries(deliver) as deliveries:
+            await self._wait_for_left_pending(subscription, stop)
             await self._fetch(client, subject, subscription, deliveries, stop)
+
+    async def _wait_for_left_pending(self, subscription: Any, stop: asyncio.Event) -> None:
+        """Messages another instance fetched and has not acknowledged (it was killed, or is
+        storing a batch) come again only after ``ack_wait``, new ones at once: a key's new
+        message overtook them (a probe: one ``kill -9``, a restart, then ``[4, 1, 2, 3]``).
+        Before its first fetch, the consumer waits until everything delivered before it
+        started is acknowledged (a live instance's batch: soon) or ``ack_wait`` has passed (a
+        dead one's: JetStream then delivers them before anything newer)."""
+        try:
+            info = await subscription.consumer_info()
+        except (TimeoutError, nats.errors.Error):
+            return  # the fetch loop meets and reports what is wrong
+        if not info.num_ack_pending or info.delivered is None:
+            return
+        delivered = info.delivered.stream_seq or 0
+        ack_wait = float(info.config.ack_wait or self.settings.ack_wait)
+        log.info(
+            "%d message(s) delivered before this instance started are not acknowledged: "
+            "waiting for them (at most %.0f s, ack_wait) before reading new ones, so that "
+            "each key keeps its order",
+            info.num_ack_pending,
+            ack_wait,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ack_wait
+        while not stop.is_set() and loop.time() < deadline:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(_LEFT_POLL_SECONDS, deadline - loop.time())):
+                    await stop.wait()
+            try:
+                info = await subscription.consumer_info()
+            except (TimeoutError, nats.errors.Error):
+                return
+            floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
+            if not info.num_ack_pending or (floor or 0) >= delivered:
+                return
 
     async def _fetch(
         self,

@@ -135,7 +135,11 @@ class RedisConsumer:
                 if left is None:
                     left = await self._pending_at_start(client)
                 if time.monotonic() >= next_claim or left:
-                    if not await self._reclaim(client, deliveries, stop):
+                    # What was left pending is taken over in entry order: XAUTOCLAIM takes
+                    # entries by idle time, and an older entry whose idle time was reset (its
+                    # reader had reclaimed it) would come after a newer one of its key.
+                    taken_in_order = not left or await self._left_all_idle(client, left)
+                    if taken_in_order and not await self._reclaim(client, deliveries, stop):
                         return
                     next_claim = time.monotonic() + claim_every
                 if left:
@@ -199,6 +203,22 @@ class RedisConsumer:
             if owners - {self.member} or len(pending) == _PENDING_SCAN:
                 left[stream] = last
         return left
+
+    async def _left_all_idle(self, client: Redis, newest: dict[str, str]) -> bool:
+        """Whether every entry other members left pending up to ``newest`` has been idle for
+        ``claim_idle``, so that one pass of XAUTOCLAIM takes them all, in entry order."""
+        idle_ms = int(self.settings.claim_idle * 1000)
+        for stream, last in newest.items():
+            pending: Any = await client.xpending_range(
+                stream, self.settings.group, min="-", max=last, count=_PENDING_SCAN
+            )
+            for entry in pending:
+                if (
+                    _text(entry["consumer"]) != self.member
+                    and int(entry["time_since_delivered"]) < idle_ms
+                ):
+                    return False
+        return True
 
     async def _read(self, client: Redis, deliveries: Deliveries) -> bool:
         """One XREADGROUP of new entries; False when delivery was stopped (nothing acked)."""

@@ -78,7 +78,7 @@ def decode(*, stream: str, entry_id: str, fields: Mapping[bytes | str, bytes | s
     if raw_headers:
         try:
             decoded = json.loads(raw_headers)
-        except ValueError:
+        except (ValueError, RecursionError):  # any client may XADD any text (nested 10^5 deep)
             decoded = None
         if isinstance(decoded, dict):
             headers = {str(k): str(v) for k, v in decoded.items()}
