@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import socket
 import uuid
@@ -529,3 +530,40 @@ async def test_one_connection_attempt_per_call_while_down(topic: str) -> None:
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_message_over_the_servers_bulk_length_is_refused_alone(
+    tmp_path: Any, topic: str
+) -> None:
+    """A server configured with a lower ``proto-max-bulk-len`` closes the connection on a
+    longer bulk string: every batch holding the message was an "outage", for ever, and what
+    was pipelined before it was appended again each round (a probe). The limit is read from
+    the server: such a message is refused alone. (A Redis of its own: the limit is the
+    server's.)"""
+    with socket.socket() as free:
+        free.bind((HOST, 0))
+        port = free.getsockname()[1]
+    server = await asyncio.create_subprocess_exec(
+        "redis-server", "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
+        "--dir", str(tmp_path), "--proto-max-bulk-len", "1mb",
+        stdout=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    client = aioredis.Redis(host=HOST, port=port)
+    try:
+        for _ in range(100):
+            with contextlib.suppress(OSError, aioredis.ConnectionError):
+                if await client.ping():
+                    break
+            await asyncio.sleep(0.05)
+        big = dataclasses.replace(make_message(topic, 1), payload=b"x" * (2 * 1024 * 1024))
+        small = [make_message(topic, n) for n in (0, 2)]
+        async with RedisPublisher(f"redis://{HOST}:{port}/0") as publisher:
+            results = list(await publisher.publish([small[0], big, small[1]]))
+        assert results[0] is None and results[2] is None
+        assert isinstance(results[1], PermanentPublishError)
+        assert "proto-max-bulk-len (1048576 bytes)" in str(results[1])
+        assert await client.xlen(topic) == 2
+    finally:
+        await client.aclose()
+        server.terminate()
+        await server.wait()

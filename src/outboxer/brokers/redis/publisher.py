@@ -89,6 +89,8 @@ from redis.exceptions import (
     RedisError,
     TryAgainError,
 )
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from outboxer import urls
 from outboxer.brokers.redis import wire
@@ -135,6 +137,10 @@ class RedisPublisher:
             settings = RedisSettings.from_url(settings)
         self.settings = settings
         self._client: Redis | None = None
+        #: The server's ``proto-max-bulk-len``, read once (``CONFIG GET``) on the first call: a
+        #: bulk string over it makes Redis close the connection, which would look like an
+        #: outage for every batch that holds the message, forever.
+        self._max_bulk: int | None = None
         # MAXLEN ~ N: approximate trimming lets Redis drop whole radix-tree nodes, which is
         # O(1) amortised; exact trimming would cost a node split on nearly every XADD.
         self._trim: tuple[bytes, ...] = (
@@ -176,11 +182,20 @@ class RedisPublisher:
         if client is None:
             raise RuntimeError("RedisPublisher is not open: use 'async with publisher:'")
         results: list[PublishError | None] = [None] * len(messages)
+        if self._max_bulk is None:
+            try:
+                self._max_bulk = await self._read_max_bulk(client)
+            except (RedisError, OSError) as exc:
+                outage = BrokerUnavailable(
+                    f"redis at {self.settings.safe_url()} is unavailable: {self._describe(exc)}"
+                )
+                await self._drop_idle_connections()
+                return [outage] * len(messages)
         pipe = client.pipeline(transaction=False)
         sent: list[int] = []
         for index, message in enumerate(messages):
             try:
-                command = wire.xadd(message, self._trim)
+                command = wire.xadd(message, self._trim, self._max_bulk)
             except (UnicodeEncodeError, TypeError, ValueError) as exc:
                 results[index] = PermanentPublishError(
                     f"cannot encode message for Redis: {type(exc).__name__}: {exc}"
@@ -212,6 +227,21 @@ class RedisPublisher:
             # READONLY after a failover: reconnect (DNS/Sentinel may point elsewhere now).
             await self._drop_idle_connections()
         return results
+
+    @staticmethod
+    async def _read_max_bulk(client: Redis) -> int:
+        """``proto-max-bulk-len`` of the server; the default when ``CONFIG`` is not allowed
+        (an ACL, a managed Redis that renames it). Connection failures propagate."""
+        try:
+            reply = await client.config_get("proto-max-bulk-len")
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            raise
+        except RedisError:
+            return wire.MAX_PAYLOAD_BYTES
+        try:
+            return min(int(str(reply["proto-max-bulk-len"])), wire.MAX_PAYLOAD_BYTES)
+        except (KeyError, TypeError, ValueError):
+            return wire.MAX_PAYLOAD_BYTES
 
     def _classify(self, message: Message, reply: Exception) -> PublishError:
         """Turn one ``XADD`` error reply into what the relay should do with the message."""

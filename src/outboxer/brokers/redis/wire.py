@@ -32,14 +32,19 @@ _NO_HEADERS = b"{}"
 _encode_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def xadd(message: Message, trim: tuple[bytes, ...] = ()) -> tuple[bytes, ...]:
+def xadd(
+    message: Message, trim: tuple[bytes, ...] = (), max_bulk: int = MAX_PAYLOAD_BYTES
+) -> tuple[bytes, ...]:
     """The ``XADD`` arguments, pre-encoded so that an unencodable message fails alone.
 
     Raises:
         ValueError, UnicodeEncodeError, TypeError: the message cannot be written to Redis.
     """
-    if len(message.payload) > MAX_PAYLOAD_BYTES:
-        raise ValueError(f"payload of {len(message.payload)} bytes exceeds Redis' 512 MiB")
+    if len(message.payload) > max_bulk:
+        raise ValueError(
+            f"payload of {len(message.payload)} bytes exceeds the server's proto-max-bulk-len"
+            f" ({max_bulk} bytes)"
+        )
     head = (_XADD, message.topic.encode(), *trim, _AUTO_ID, _F_ID, message.id.encode())
     if message.type is not None:
         head += (_F_TYPE, message.type.encode())
@@ -51,6 +56,11 @@ def xadd(message: Message, trim: tuple[bytes, ...] = ()) -> tuple[bytes, ...]:
         if headers
         else _NO_HEADERS
     )
+    if len(encoded_headers) > max_bulk:
+        raise ValueError(
+            f"headers of {len(encoded_headers)} bytes exceed the server's proto-max-bulk-len"
+            f" ({max_bulk} bytes)"
+        )
     return (
         *head,
         _F_PAYLOAD,
