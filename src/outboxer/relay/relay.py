@@ -409,9 +409,7 @@ class Relay:
             request = replace(request, behind=self._live_chains())
             self._claimed_behind = request.behind
         try:
-            claim = await self._unless_stopped(self.store.claim_batch(request))
-            if claim is None:  # stopped while the database held the claim: its rows (if it
-                return None  # committed) come back when their lease expires, as after kill -9
+            claim = await self.store.claim_batch(request)
         except StoreError as exc:
             self.observer.store_unavailable("claim")
             self._store_failures += 1
@@ -422,33 +420,6 @@ class Relay:
         self._store_failures = 0
         self.observer.claimed(len(claim.messages), self._now() - started)
         return claim
-
-    async def _unless_stopped(self, call: Coroutine[Any, Any, Claim]) -> Claim | None:
-        """``call``'s result, or ``None`` if the relay is asked to stop first: a claim held by a
-        database that stopped answering (up to its command timeout, 60 s by default) must not
-        hold the stop, which promises ``shutdown_timeout`` + a few seconds."""
-        task = asyncio.ensure_future(call)
-        stopping = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # the claim loop cancelled: the claim with it
-            task.cancel()
-            raise
-        finally:
-            stopping.cancel()
-        if task.done():
-            return task.result()
-        task.cancel()
-        await asyncio.wait({task}, timeout=_HAND_BACK_SECONDS)
-        if task.done() and not task.cancelled() and task.exception() is None:
-            claim = task.result()  # it came back after all: hand it back below
-            if claim.messages:
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(_HAND_BACK_SECONDS):
-                        await self.store.settle(
-                            claim, Settlement(released=[m.id for m in claim.messages])
-                        )
-        return None
 
     async def _drained(self) -> bool:
         """Nothing in flight here and nothing left to publish (``drain`` ends)."""
