@@ -160,4 +160,3 @@ async def test_a_relay_stops_in_bounded_time_while_the_database_does_not_answer(
             relay.stop()
             # 0.5 s, then at most 5 s of hand-back and 2 s of sign-off: not 30 s each
             await asyncio.wait_for(running, 15)
-
