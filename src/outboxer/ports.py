@@ -422,8 +422,10 @@ class OutboxStats:
     heartbeat stopped: work nobody owns until the lease expires and the sweeper takes it back.
     ``scheduled`` counts the ``pending`` messages written for a later time and never tried yet
     (``available_at`` in the future): :meth:`Relay.drain <outboxer.relay.Relay.drain>` does not
-    wait for them. ``consume_failures`` is the inbox's side: the consumers that have failed
-    messages still to re-drive, by name (none listed when nothing fails).
+    wait for them, nor, when the relay keeps each key's order, for the ``behind_scheduled`` ones
+    (pending, not scheduled themselves, behind a scheduled message of their key; the drain's
+    figure, not in the JSON). ``consume_failures`` is the inbox's side: the consumers that have
+    failed messages still to re-drive, by name (none listed when nothing fails).
     """
 
     pending: int
@@ -435,6 +437,12 @@ class OutboxStats:
     unowned_in_flight: int = 0
     scheduled: int = 0
     consume_failures: Sequence[ConsumerFailures] = ()
+    behind_scheduled: int = 0
+
+    def left_for_later(self, *, ordered: bool) -> int:
+        """The pending messages a drain leaves for a later run: the scheduled ones, and with
+        per-key order those their key holds behind them."""
+        return self.scheduled + (self.behind_scheduled if ordered else 0)
 
     def to_json(self) -> dict[str, Any]:
         return {

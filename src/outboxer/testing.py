@@ -344,13 +344,28 @@ class InMemoryStore:
     async def stats(self) -> OutboxStats:
         now = self._clock()
         rows = list(self._rows.values())
+
+        def scheduled(r: _Row) -> bool:
+            return r.token is None and r.message.attempts == 0 and r.available_at > now
+
+        first_scheduled: dict[str, int] = {}
+        for r in rows:
+            if r.message.key is not None and scheduled(r):
+                first_scheduled[r.message.key] = min(
+                    r.seq, first_scheduled.get(r.message.key, r.seq)
+                )
         oldest = min((r.message.created_at for r in rows), default=None)
         live = {r.relay_id for r in self._relays.values() if (now - r.heartbeat_at).seconds < 15}
         return OutboxStats(
             last_sweep=self._last_sweep,
             unowned_in_flight=sum(r.token is not None and r.locked_by not in live for r in rows),
-            scheduled=sum(
-                r.token is None and r.message.attempts == 0 and r.available_at > now for r in rows
+            scheduled=sum(map(scheduled, rows)),
+            behind_scheduled=sum(
+                r.token is None
+                and not scheduled(r)
+                and r.message.key in first_scheduled
+                and r.seq > first_scheduled[r.message.key]
+                for r in rows
             ),
             pending=sum(r.token is None for r in rows),
             in_flight=sum(r.token is not None for r in rows),

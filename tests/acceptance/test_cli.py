@@ -600,6 +600,24 @@ def test_relay_drain_publishes_what_is_due_and_exits_0(
     assert (left["id"], left["state"]) == (later, "scheduled")
 
 
+def test_relay_drain_leaves_what_a_key_holds_behind_a_scheduled_message(
+    cli: Cli, sqlite_db: Database, sink: Path
+) -> None:
+    """A due message behind a scheduled one of its key cannot be published by an ordered
+    relay now: the drain waited for it until its timeout and exited 1 (a probe)."""
+    db = sqlite_db.args
+    assert cli("db", "upgrade", *db).returncode == 0
+    with sqlite_db.transaction() as conn:
+        outbox = sqlite_db.outbox
+        outbox.enqueue(conn, "orders", {"n": 0}, key="o1", available_at=dt.timedelta(days=1))
+        outbox.enqueue(conn, "orders", {"n": 1}, key="o1")
+        due = outbox.enqueue(conn, "orders", {"n": 2}, key="o2")
+    result = cli("relay", *db, "--broker", INPROCESS, "--drain", "--drain-timeout", "30")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "drained: 1 published, 0 dead-lettered, 2 scheduled for later\n"
+    assert lines(sink) == [due]
+
+
 def test_relay_drain_gives_up_after_its_timeout_with_one_line(
     cli: Cli, sqlite_db: Database
 ) -> None:

@@ -448,6 +448,23 @@ class StoreContract:
         assert (stats.pending, stats.scheduled) == (2, 1)  # the retry is not "scheduled"
         assert stats.to_json()["scheduled"] == 1
 
+    async def test_stats_count_what_a_key_holds_behind_a_scheduled_message(
+        self, store: Store, add: Add
+    ) -> None:
+        """An ordered relay publishes a key's due message only after the key's scheduled one:
+        a drain leaves both for later (it waited for its timeout and exited 1: a probe)."""
+        await add("t", {"n": 1}, key="k", available_at=dt.timedelta(hours=1))
+        await add("t", {"n": 2}, key="k")
+        await add("t", {"n": 3}, key="k", available_at=dt.timedelta(hours=2))
+        await add("t", {"n": 4}, key="k")
+        await add("t", {"n": 5}, key="other")
+        await add("t", {"n": 6})
+        stats = await store.stats()
+        assert (stats.pending, stats.scheduled, stats.behind_scheduled) == (6, 2, 2)
+        assert stats.left_for_later(ordered=True) == 4
+        assert stats.left_for_later(ordered=False) == 2
+        assert "behind_scheduled" not in stats.to_json()
+
     async def test_a_failure_without_text_is_stored_with_a_reason(
         self, store: Store, add: Add
     ) -> None:

@@ -186,7 +186,8 @@ async def _drain(relay: Any, store: Any, timeout: float) -> None:
         # The database went away during the drain (the usual reason it timed out): say that
         # the drain did not finish, not only the driver's error.
         fail(f"drain did not finish within {timeout:g} s; what is left is unknown: {exc}")
-    left = stats.pending - stats.scheduled + stats.in_flight
+    later = stats.left_for_later(ordered=relay.settings.ordered)
+    left = stats.pending - later + stats.in_flight
     if counters is None or left:
         why = f"did not finish within {timeout:g} s" if counters is None else "was stopped"
         outage = f"; broker unavailable for {relay.outage_failures} rounds: {relay.outage_reason}"
@@ -196,5 +197,5 @@ async def _drain(relay: Any, store: Any, timeout: float) -> None:
         )
     click.echo(
         f"drained: {counters.published} published, {counters.dead_lettered} dead-lettered, "
-        f"{stats.scheduled} scheduled for later"
+        f"{later} scheduled for later"
     )

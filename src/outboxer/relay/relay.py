@@ -518,7 +518,8 @@ class Relay:
 
     async def _outbox_empty(self) -> bool:
         stats = await self.store.stats()
-        return stats.pending == stats.scheduled and stats.in_flight == 0
+        later = stats.left_for_later(ordered=self.settings.ordered)
+        return stats.pending == later and stats.in_flight == 0
 
     async def _sleep(
         self, seconds: float, *, doorbell: bool = False, in_flight: bool = False

@@ -244,6 +244,7 @@ def outbox_stats(
         last_sweep=sweep_report(sweep) if sweep is not None else None,
         unowned_in_flight=int(row["unowned"]),
         scheduled=int(row["scheduled"]),
+        behind_scheduled=int(row["behind_scheduled"]),
         consume_failures=tuple(
             sorted((_consumer_failures(r) for r in failures), key=lambda c: c.consumer)
         ),

@@ -261,6 +261,15 @@ SELECT
     (SELECT count(*) FROM {outbox} WHERE claim_token IS NOT NULL) AS in_flight,
     (SELECT count(*) FROM {outbox}
      WHERE claim_token IS NULL AND attempts = 0 AND available_at > UTC_TIMESTAMP(6)) AS scheduled,
+    -- pending, not scheduled, behind a scheduled message of their key (see PostgreSQL's)
+    (SELECT count(*) FROM (
+        SELECT `key`, MIN(seq) AS seq FROM {outbox}
+        WHERE `key` IS NOT NULL AND claim_token IS NULL AND attempts = 0
+          AND available_at > UTC_TIMESTAMP(6)
+        GROUP BY `key`) s
+     JOIN {outbox} o ON o.`key` = s.`key` AND o.seq > s.seq
+     WHERE o.claim_token IS NULL
+       AND NOT (o.attempts = 0 AND o.available_at > UTC_TIMESTAMP(6))) AS behind_scheduled,
     (SELECT count(*) FROM {dead_letters}) AS dead_letters,
     (SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) / 1e6
      FROM {outbox}) AS oldest_age,

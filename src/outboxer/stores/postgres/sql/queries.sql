@@ -375,6 +375,15 @@ SELECT
     -- written for later and never tried: what a drain leaves for a later run
     (SELECT count(*) FROM {outbox}
      WHERE claim_token IS NULL AND attempts = 0 AND available_at > now()) AS scheduled,
+    -- pending, not scheduled, behind a scheduled message of their key: an ordered relay
+    -- publishes them after it (a drain leaves them too; one probe per scheduled key)
+    (SELECT count(*) FROM (
+        SELECT key, min(seq) AS seq FROM {outbox}
+        WHERE key IS NOT NULL AND claim_token IS NULL AND attempts = 0 AND available_at > now()
+        GROUP BY key) s
+     JOIN {outbox} o ON o.key = s.key AND o.seq > s.seq
+     WHERE o.claim_token IS NULL AND NOT (o.attempts = 0 AND o.available_at > now()))
+        AS behind_scheduled,
     (SELECT count(*) FROM {dead_letters}) AS dead_letters,
     (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM {outbox}) AS oldest_age,
     -- in flight for a relay with no live heartbeat: waiting for its lease to expire
