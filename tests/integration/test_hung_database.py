@@ -160,3 +160,39 @@ async def test_a_relay_stops_in_bounded_time_while_the_database_does_not_answer(
             relay.stop()
             # 0.5 s, then at most 5 s of hand-back and 2 s of sign-off: not 30 s each
             await asyncio.wait_for(running, 15)
+
+
+async def test_a_busy_relay_stops_in_bounded_time_while_its_claim_is_held(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Found by a probe: a busy relay is nearly always inside a claim, and a claim held by a
+    database that stopped answering returned only at the command timeout (60 s by default):
+    the stop waited for it before it began, and the CLI's watchdog exited 1. A claim still
+    running 2 s after the stop is cut short now; its rows, if it committed unseen, come back at
+    their lease's expiry (as after kill -9)."""
+    outbox = outboxer.Outbox(schema=pg_schema)
+    async with TcpProxy("127.0.0.1", 5432) as proxy:
+        url = f"postgresql://root@127.0.0.1:{proxy.port}/test?command_timeout=60"
+        async with open_store(url, TableNames(schema=pg_schema)) as store:
+            await store.migrate()
+            conn = await asyncpg.connect(pg_url)
+            try:
+                async with conn.transaction():
+                    messages = [{"topic": "orders", "payload": {"n": n}} for n in range(20_000)]
+                    await outbox.enqueue_many_async(conn, messages)
+            finally:
+                await conn.close()
+            publisher = RecordingPublisher()
+            settings = RelaySettings(shutdown_timeout=0.5, batch_size=50, ordered=False)
+            relay = Relay(store, publisher, settings)
+            running = asyncio.create_task(relay.run())
+            for _ in range(400):
+                if len(publisher.messages) >= 200:
+                    break
+                await asyncio.sleep(0.05)
+            assert len(publisher.messages) >= 200
+            await proxy.pause()
+            await asyncio.sleep(1.0)  # the next claims are sent and never answered
+            relay.stop()
+            # the claim cut after 2 s, 0.5 s, hand-back (≤ 5 s), sign-off (≤ 2 s): not 60 s
+            await asyncio.wait_for(running, 20)

@@ -96,6 +96,8 @@ log = logging.getLogger("outboxer.relay")
 #: close (5 s), whatever the database does.
 _HAND_BACK_SECONDS = 5.0
 _SIGN_OFF_SECONDS = 2.0
+#: How long a stop lets a claim in progress finish before cutting it short.
+_CLAIM_GRACE_SECONDS = 2.0
 
 
 @dataclass(slots=True)
@@ -263,12 +265,25 @@ class Relay:
         self._background: dict[str, asyncio.Task[None]] = {}
         self._task_deaths: dict[str, int] = {}
         self._fatal: RelayFailed | PermissionDenied | None = None  # (the first wins)
+        #: The task awaiting a claim statement (while it does), and whether a stop cut it.
+        self._claiming: asyncio.Task[Any] | None = None
+        self._claim_cut = False
 
     # -- public ------------------------------------------------------------------------------
 
     def stop(self) -> None:
         """Ask the relay to stop: no new claims; in-flight batches finish or are released."""
+        if not self._stop.is_set() and self._claiming is not None:
+            # A claim held by a database that stopped answering would hold the stop for its
+            # command timeout (60 s by default): cut it short if it does not end soon.
+            with contextlib.suppress(RuntimeError):  # (no running loop: nothing to cut)
+                asyncio.get_running_loop().call_later(_CLAIM_GRACE_SECONDS, self._cut_claim)
         self._stop.set()
+
+    def _cut_claim(self) -> None:
+        if self._claiming is not None and not self._claiming.done():
+            self._claim_cut = True
+            self._claiming.cancel()
 
     @property
     def outage_failures(self) -> int:
@@ -408,15 +423,26 @@ class Relay:
         if self._pipelines_runs:
             request = replace(request, behind=self._live_chains())
             self._claimed_behind = request.behind
+        self._claiming = asyncio.current_task()
         try:
             claim = await self.store.claim_batch(request)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._claim_cut and task is not None and task.uncancel() == 0:
+                # Cut short by a stop: a claim that committed unseen comes back when its lease
+                # expires, as after kill -9 (docs/operations.md).
+                return None
+            raise
         except StoreError as exc:
+            self._claiming = None  # (nothing to cut in the pause below: a stop ends it)
             self.observer.store_unavailable("claim")
             self._store_failures += 1
             delay = settings.outage.delay(self._store_failures)
             log.warning("store unavailable (%s): retrying in %.1fs", exc, delay)
             await self._sleep(delay)
             return None
+        finally:
+            self._claiming = None
         self._store_failures = 0
         self.observer.claimed(len(claim.messages), self._now() - started)
         return claim
