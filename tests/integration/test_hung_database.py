@@ -126,6 +126,19 @@ async def test_a_mysql_statement_may_outlast_the_command_timeout_only_in_migrati
         await db.close()
 
 
+async def commit_messages(pg_url: str, pg_schema: str, count: int) -> None:
+    """Commit ``count`` messages to the outbox in ``pg_schema`` (directly, not through the
+    proxy)."""
+    conn = await asyncpg.connect(pg_url)
+    try:
+        async with conn.transaction():
+            await outboxer.Outbox(schema=pg_schema).enqueue_many_async(
+                conn, [{"topic": "orders", "payload": {"n": n}} for n in range(count)]
+            )
+    finally:
+        await conn.close()
+
+
 async def test_a_relay_stops_in_bounded_time_while_the_database_does_not_answer(
     pg_url: str, pg_schema: str
 ) -> None:
@@ -133,18 +146,11 @@ async def test_a_relay_stops_in_bounded_time_while_the_database_does_not_answer(
     shutdown timeout, each step of the stop (handing the cut-short batch back, signing off)
     waiting for its own command or connect timeout. The stop now waits a few seconds for
     them, then leaves the claim to its lease's expiry (as after kill -9)."""
-    outbox = outboxer.Outbox(schema=pg_schema)
     async with TcpProxy("127.0.0.1", 5432) as proxy:
         url = f"postgresql://root@127.0.0.1:{proxy.port}/test?command_timeout=30&connect_timeout=30"
         async with open_store(url, TableNames(schema=pg_schema)) as store:
             await store.migrate()
-            conn = await asyncpg.connect(pg_url)
-            try:
-                async with conn.transaction():
-                    for n in range(5):
-                        await outbox.enqueue_async(conn, "orders", {"n": n})
-            finally:
-                await conn.close()
+            await commit_messages(pg_url, pg_schema, 5)
             publishing = asyncio.Event()
 
             class Stuck(RecordingPublisher):
@@ -170,18 +176,11 @@ async def test_a_busy_relay_stops_in_bounded_time_while_its_claim_is_held(
     the stop waited for it before it began, and the CLI's watchdog exited 1. A claim still
     running 2 s after the stop is cut short now; its rows, if it committed unseen, come back at
     their lease's expiry (as after kill -9)."""
-    outbox = outboxer.Outbox(schema=pg_schema)
     async with TcpProxy("127.0.0.1", 5432) as proxy:
         url = f"postgresql://root@127.0.0.1:{proxy.port}/test?command_timeout=60"
         async with open_store(url, TableNames(schema=pg_schema)) as store:
             await store.migrate()
-            conn = await asyncpg.connect(pg_url)
-            try:
-                async with conn.transaction():
-                    messages = [{"topic": "orders", "payload": {"n": n}} for n in range(20_000)]
-                    await outbox.enqueue_many_async(conn, messages)
-            finally:
-                await conn.close()
+            await commit_messages(pg_url, pg_schema, 20_000)
             publisher = RecordingPublisher()
             settings = RelaySettings(shutdown_timeout=0.5, batch_size=50, ordered=False)
             relay = Relay(store, publisher, settings)
