@@ -273,9 +273,10 @@ class Relay:
 
     def stop(self) -> None:
         """Ask the relay to stop: no new claims; in-flight batches finish or are released."""
-        if not self._stop.is_set() and self._claiming is not None:
+        if not self._stop.is_set():
             # A claim held by a database that stopped answering would hold the stop for its
-            # command timeout (60 s by default): cut it short if it does not end soon.
+            # command timeout (60 s by default): cut it short if it does not end soon (also
+            # one the claim loop began just as the stop came: looked for when the grace ends).
             with contextlib.suppress(RuntimeError):  # (no running loop: nothing to cut)
                 asyncio.get_running_loop().call_later(_CLAIM_GRACE_SECONDS, self._cut_claim)
         self._stop.set()
