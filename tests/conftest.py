@@ -88,7 +88,7 @@ async def pg_store(pg_url: str, pg_schema: str) -> AsyncIterator[PostgresStore]:
 async def wait_past_commit_gate(store: PostgresStore, timeout: float = 60.0) -> None:
     """Wait until every committed outbox row has passed the commit-order gate.
 
-    Ordered claims take a row only once no transaction older than the row's is running
+    Ordered claims take a row only once no transaction older than its ``txid`` is running
     anywhere in the cluster; tests running in parallel keep short transactions open, so a test
     that expects its rows claimable at once waits for that instant first. The wait is long (60 s)
     because any long transaction in the cluster (another process's bulk load) holds the gate.
@@ -98,7 +98,7 @@ async def wait_past_commit_gate(store: PostgresStore, timeout: float = 60.0) -> 
 
     deadline = time.monotonic() + timeout
     query = (
-        "SELECT coalesce(bool_and(txid IS NULL OR txid < pg_snapshot_xmin(pg_current_snapshot()))"
+        "SELECT coalesce(bool_and(txid IS NULL OR txid <= pg_snapshot_xmin(pg_current_snapshot()))"
         ", true) FROM {outbox}"
     )
     while not (await store.execute(query))[0][0]:

@@ -12,6 +12,7 @@ import asyncpg
 
 import outboxer
 from outboxer.config import RelaySettings, TableNames
+from outboxer.ports import ClaimRequest
 from outboxer.relay import Relay
 from outboxer.stores import _sql
 from outboxer.stores.postgres import PostgresStore
@@ -102,6 +103,72 @@ async def test_commit_order_gate_never_publishes_past_a_slower_older_transaction
         await t2.close()
 
 
+async def test_commit_order_gate_waits_for_a_younger_transaction_that_wrote_the_key_first(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    """T1 begins writing first (the older xid), T2 after it (a younger xid); T2 enqueues key K
+    first, T1 enqueues K after it and commits first.
+
+    A gate on the row's own xid let T1's row through as soon as T1 committed (no older xid was
+    running) and published it ahead of T2's: ``[2, 1]``. The gate is on the snapshot of the
+    row's statement (one past the latest xid to complete), so with any younger transaction
+    completed in between (T3; on a live database the relays' own commits) nothing of K goes
+    before T2 commits, then both in write order.
+    """
+    outbox = outboxer.Outbox(schema=pg_schema)
+    t1, t2 = await asyncpg.connect(pg_url), await asyncpg.connect(pg_url)
+    t3 = await asyncpg.connect(pg_url)
+    publisher = RecordingPublisher()
+    relay = Relay(pg_store, publisher, RelaySettings(poll_interval=0.05, min_poll_interval=0.01))
+    task = asyncio.create_task(relay.run())
+    try:
+        first, second = t1.transaction(), t2.transaction()
+        await first.start()
+        await second.start()
+        older = await t1.fetchval("SELECT pg_current_xact_id()::text::bigint")  # a first write
+        younger = await t2.fetchval("SELECT pg_current_xact_id()::text::bigint")
+        assert older < younger
+        async with t3.transaction():
+            assert await t3.fetchval("SELECT pg_current_xact_id()::text::bigint") > younger
+        one = await outbox.enqueue_async(t2, "t", {"n": 1}, key="K")
+        two = await outbox.enqueue_async(t1, "t", {"n": 2}, key="K")
+        await first.commit()
+        await asyncio.sleep(0.5)  # the relay polls ~10 times while T2 is open
+        assert publisher.messages == []
+        await second.commit()
+        deadline = time.monotonic() + 10
+        while len(publisher.messages) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert [m.id for m in publisher.messages] == [one, two]
+    finally:
+        relay.stop()
+        await task
+        await t1.close()
+        await t2.close()
+        await t3.close()
+
+
+async def test_a_row_written_after_a_younger_transaction_completed_is_claimable_at_commit(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str
+) -> None:
+    """The gate's value for such a row is its snapshot's xmax, an xid its writer may never see
+    complete; the claim waits only for the xids below it, so on a quiet database the row is not
+    held until some later transaction happens to commit."""
+    outbox = outboxer.Outbox(schema=pg_schema)
+    writer, other = await asyncpg.connect(pg_url), await asyncpg.connect(pg_url)
+    try:
+        async with writer.transaction():
+            own = await writer.fetchval("SELECT pg_current_xact_id()::text::bigint")
+            async with other.transaction():
+                assert await other.fetchval("SELECT pg_current_xact_id()::text::bigint") > own
+            sent = await outbox.enqueue_async(writer, "t", {"n": 1}, key="K")
+        request = ClaimRequest(limit=10, lease_seconds=30, ordered=True, relay_id="r")
+        assert [m.id for m in (await pg_store.claim_batch(request)).messages] == [sent]
+    finally:
+        await writer.close()
+        await other.close()
+
+
 async def test_the_upgrade_to_6_drops_the_doorbell_on_a_live_outbox_and_loses_nothing(
     pg_url: str, pg_schema: str
 ) -> None:
@@ -123,7 +190,7 @@ async def test_the_upgrade_to_6_drops_the_doorbell_on_a_live_outbox_and_loses_no
             await asyncio.sleep(0.3)
             assert not upgrade.done()  # DROP TRIGGER waits for the writer's lock on the table
             await open_transaction.commit()
-            assert await asyncio.wait_for(upgrade, 10) == [6, 7, 8]
+            assert await asyncio.wait_for(upgrade, 10) == [6, 7, 8, 9]
             async with writer.transaction():
                 after = await outbox.enqueue_async(writer, "t", {"n": 3}, key="K")
             left = await store.execute(

@@ -35,7 +35,8 @@ RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.head
 -- row of its key is either gone (published/dead-lettered) or claimed in this same statement;
 -- the relay then publishes a key's run in write order (Relay._publish_runs, or in waves).
 -- A row is claimable when it is neither leased nor waiting (available_at), is no suspect, has
--- passed the commit-order gate (no transaction older than the row's is still writing) and, if
+-- passed the commit-order gate (no xid below txid still runs: the writer's xid or, when larger,
+-- its statement's snapshot's xmax, 0009) and, if
 -- the relay asks so, its key has no publish dead letter.
 --  1. Candidates are claimable rows whose key's head (its oldest row) is neither leased nor
 --     waiting for a retry or a delayed time. Rows behind a blocked head are skipped, so a
@@ -91,7 +92,7 @@ WITH RECURSIVE suspect AS MATERIALIZED (
     -- a.: the front as this statement's snapshot shows it (no locks yet)
     SELECT o.key, o.seq,
            o.claim_token IS NULL AND o.available_at <= now() AND o.lease_expiries = 0
-           AND (o.txid IS NULL OR o.txid < (SELECT gate FROM bounds))
+           AND (o.txid IS NULL OR o.txid <= (SELECT gate FROM bounds))
            AND (NOT $5::bool OR o.key IS NULL OR NOT EXISTS (
                  SELECT 1 FROM {dead_letters} d WHERE d.key = o.key AND d.direction = 'publish'))
            AS claimable, o.ctid
@@ -151,7 +152,7 @@ WITH RECURSIVE suspect AS MATERIALIZED (
 ), heads AS MATERIALIZED (
     SELECT k.key, e.seq,
            e.claim_token IS NULL AND e.available_at <= now() AND e.lease_expiries = 0
-           AND (e.txid IS NULL OR e.txid < (SELECT gate FROM bounds))
+           AND (e.txid IS NULL OR e.txid <= (SELECT gate FROM bounds))
            AND (NOT $5::bool OR NOT EXISTS (
                  SELECT 1 FROM {dead_letters} d WHERE d.key = k.key AND d.direction = 'publish'))
            AS free
@@ -177,7 +178,7 @@ WITH RECURSIVE suspect AS MATERIALIZED (
      AND o.seq BETWEEN h.seq AND greatest(h.seq, (SELECT front_end FROM edge)) + $1
     WHERE o.seq > (SELECT front_end FROM edge)
       AND o.claim_token IS NULL AND o.available_at <= now() AND o.lease_expiries = 0
-      AND (o.txid IS NULL OR o.txid < (SELECT gate FROM bounds))
+      AND (o.txid IS NULL OR o.txid <= (SELECT gate FROM bounds))
     ORDER BY o.seq
     LIMIT (SELECT n FROM short)
     FOR UPDATE OF o SKIP LOCKED
@@ -186,7 +187,7 @@ WITH RECURSIVE suspect AS MATERIALIZED (
     WHERE o.key IS NULL AND o.seq > (SELECT front_end FROM edge)
       AND (SELECT n FROM short) > 0 AND (SELECT yes FROM few_keys)
       AND o.claim_token IS NULL AND o.available_at <= now() AND o.lease_expiries = 0
-      AND (o.txid IS NULL OR o.txid < (SELECT gate FROM bounds))
+      AND (o.txid IS NULL OR o.txid <= (SELECT gate FROM bounds))
     ORDER BY o.seq
     LIMIT (SELECT n FROM short)
     FOR UPDATE SKIP LOCKED
@@ -195,7 +196,7 @@ WITH RECURSIVE suspect AS MATERIALIZED (
     WHERE o.seq > (SELECT front_end FROM edge)
       AND (SELECT n FROM short) > 0 AND NOT (SELECT yes FROM few_keys)
       AND o.claim_token IS NULL AND o.available_at <= now() AND o.lease_expiries = 0
-      AND (o.txid IS NULL OR o.txid < (SELECT gate FROM bounds))
+      AND (o.txid IS NULL OR o.txid <= (SELECT gate FROM bounds))
       AND (NOT $5::bool OR o.key IS NULL OR NOT EXISTS (
             SELECT 1 FROM {dead_letters} d WHERE d.key = o.key AND d.direction = 'publish'))
       AND (o.key IS NULL OR NOT EXISTS (
