@@ -13,10 +13,12 @@ import json
 from typing import Any
 
 import asyncpg
+import pytest
 
 from outboxer.ports import ClaimRequest, Retry, Settlement
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.postgres import relay as postgres_relay
+from tests.conftest import wait_past_commit_gate
 
 KEYS = 1000
 ROWS = 40_000  # 40 per key
@@ -85,3 +87,47 @@ async def test_an_ordered_claim_with_every_key_blocked_reads_pages_bounded_by_th
     pages, claimed = await pages_of_a_claim(pg_store, chained)
     assert claimed == BATCH
     assert pages < MAX_PAGES, pages
+
+
+RUN = 40_000  # one blocked key's rows, written in one go
+MANY_KEYS = 5 * BATCH  # more than the claim reads heads of: it walks on behind its front
+#: A claim that walks the run reads a few pages per row of it (the old claim probed each row's
+#: key head: about 4 per row, 160,000 here); one that skips the run's key reads the run's pages
+#: (about 2,000 here) besides its front and the key heads it reads (about 10,000).
+MAX_RUN_PAGES = RUN // 2
+
+
+@pytest.mark.parametrize("head", ["front", "behind"])
+async def test_an_ordered_claim_passes_a_blocked_keys_long_run_without_a_probe_per_row(
+    pg_store: PostgresStore, pg_url: str, pg_schema: str, head: str
+) -> None:
+    """One key's head is blocked, its long run at the front of the table, many other keys behind
+    it (docs/adr/0010, the last bullet). ``front``: the key's head is in the claim's front (it
+    waits an hour). ``behind``: another relay's batches fill the front, the key's head (waiting)
+    comes right after them."""
+    leased = 4 * BATCH if head == "behind" else 0  # single-row keys, leased by another relay
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute(
+            f'INSERT INTO "{pg_schema}".outbox (id, topic, key, payload) '
+            f"SELECT 'm' || n, 't', CASE WHEN n < {leased} THEN 'a' || n "
+            f"WHEN n < {leased + RUN} THEN 'K' ELSE (n % {MANY_KEYS})::text END, '{{}}'::bytea "
+            f"FROM generate_series(0, {leased + RUN + 2 * MANY_KEYS - 1}) AS n"
+        )
+        await conn.execute(
+            f"UPDATE \"{pg_schema}\".outbox SET available_at = now() + interval '1 hour' "
+            f"WHERE seq = (SELECT min(seq) FROM \"{pg_schema}\".outbox WHERE key = 'K')"
+        )
+        await conn.execute(f'VACUUM ANALYZE "{pg_schema}".outbox')
+    finally:
+        await conn.close()
+    await wait_past_commit_gate(pg_store)
+    holder = ClaimRequest(limit=BATCH, lease_seconds=3600, ordered=True, relay_id="holder")
+    for _ in range(leased // BATCH):
+        claim = await pg_store.claim_batch(holder)
+        assert len(claim.messages) == BATCH
+        assert all(m.key is not None and m.key.startswith("a") for m in claim.messages)
+    request = ClaimRequest(limit=BATCH, lease_seconds=30, ordered=True, relay_id="other")
+    pages, claimed = await pages_of_a_claim(pg_store, request)
+    assert claimed == BATCH  # the other keys' heads, none of K's rows (the contract's rules)
+    assert pages < MAX_RUN_PAGES, pages

@@ -65,9 +65,12 @@ RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.head
 --     front goes on), each looked for through the (key, seq) index in the $1 values of seq from
 --     its head, or from the front's end for a head in the front.
 --  d. unkeyed: behind the front, the oldest claimable unkeyed rows ("{t}_unkeyed", 0007).
---  e. rest: with $8 keys or more, the walk goes on behind the front as before 0010, probing
---     each row's head. (With that many keys claimable rows lie soon behind the front, unless
---     thousands of keys are blocked.)
+--  e. rest: with $8 keys or more, the walk goes on behind the front as before 0010. (With that
+--     many keys claimable rows lie soon behind the front, unless thousands of keys are
+--     blocked.) It passes the rows of the keys blocked in the front without a look at their
+--     heads (their older row there fails 2. anyway), and probes each other key's head once
+--     (Memoize caches the LATERAL probe by key): one blocked key's long run costs the walk over
+--     its rows (about 1 us a row), not a head probe a row (15 us; docs/adr/0010).
 -- b-e only narrow where candidates come from: 1 and 2 hold for all of them together (their
 -- rows are kept by 2's count, in which the front's locked rows take part).
 -- Crash isolation (0005): a suspect that heads its key is claimed alone, before anything else.
@@ -192,21 +195,25 @@ WITH RECURSIVE suspect AS MATERIALIZED (
     LIMIT (SELECT n FROM short)
     FOR UPDATE SKIP LOCKED
 ), rest AS MATERIALIZED (
+    -- the head: probed once per key (a Memoize node caches it by key), never for the keys
+    -- blocked in the front (a hashed NOT IN, applied by the scan before the join)
     SELECT o.ctid, o.key, o.seq FROM {outbox} o
+    LEFT JOIN LATERAL (
+        SELECT (h.claim_token IS NOT NULL AND h.claim_token <> ALL($6::bigint[]))
+               OR h.available_at > now()
+               OR ($5::bool AND EXISTS (SELECT 1 FROM {dead_letters} d
+                                       WHERE d.key = h.key AND d.direction = 'publish'))
+               AS blocked
+        FROM {outbox} h WHERE h.key = o.key ORDER BY h.seq LIMIT 1) head ON true
     WHERE o.seq > (SELECT front_end FROM edge)
       AND (SELECT n FROM short) > 0 AND NOT (SELECT yes FROM few_keys)
       AND o.claim_token IS NULL AND o.available_at <= now() AND o.lease_expiries = 0
       AND (o.txid IS NULL OR o.txid <= (SELECT gate FROM bounds))
-      AND (NOT $5::bool OR o.key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM {dead_letters} d WHERE d.key = o.key AND d.direction = 'publish'))
-      AND (o.key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM (SELECT h.claim_token, h.available_at FROM {outbox} h
-                           WHERE h.key = o.key ORDER BY h.seq LIMIT 1) head
-            WHERE (head.claim_token IS NOT NULL AND head.claim_token <> ALL($6::bigint[]))
-               OR head.available_at > now()))
+      AND (o.key IS NULL OR o.key NOT IN (SELECT key FROM blocked))
+      AND (o.key IS NULL OR NOT head.blocked)
     ORDER BY o.seq
     LIMIT (SELECT n FROM short)
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF o SKIP LOCKED
 ), others AS (
     SELECT ctid, key, seq FROM keyed
     UNION ALL SELECT ctid, key, seq FROM unkeyed
