@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -52,18 +53,23 @@ BASELINE = os.environ.get("OUTBOXER_BENCH_BASELINE")
 
 async def copy_fill(schema: str, count: int, keys: int = KEYS) -> None:
     """``count`` rows (key = n % keys) in one binary COPY, then VACUUM ANALYZE."""
+    await copy_keys(schema, [str(n % keys) for n in range(count)])
+
+
+async def copy_keys(schema: str, keys: list[str]) -> None:
+    """One row per key of ``keys`` (≈120-byte payloads), by binary COPY; then VACUUM ANALYZE."""
     conn = await asyncpg.connect(PG_URL)
     try:
-        for start in range(0, count, 100_000):
+        for start in range(0, len(keys), 100_000):
             records = [
                 (
                     new_message_id(),
                     "orders",
-                    str(n % keys),
+                    key,
                     "OrderCreated",
-                    json.dumps({**PAYLOAD, "order_id": n}).encode(),
+                    json.dumps({**PAYLOAD, "order_id": start + i}).encode(),
                 )
-                for n in range(start, min(count, start + 100_000))
+                for i, key in enumerate(keys[start : start + 100_000])
             ]
             await conn.copy_records_to_table(
                 "outbox",
@@ -89,13 +95,44 @@ def baseline_claim(revision: str, names: TableNames) -> str:
     return _sql.render(named["claim_ordered"].strip(), names)
 
 
-async def timed(claim: Any, expected: int) -> float:
-    started = time.perf_counter()
-    rows = await claim()
-    elapsed = time.perf_counter() - started
-    if rows != expected:
-        raise RuntimeError(f"claimed {rows}, not {expected}")
-    return elapsed * 1000
+async def released(store: PostgresStore, token: int, rows: list[Any]) -> list[str | None]:
+    """The keys of a claim's rows (of a baseline statement), the rows released again."""
+    claim = claim_from_rows(token, rows)
+    if claim.messages:
+        await store.settle(claim, Settlement(released=[m.id for m in claim.messages]))
+    return [m.key for m in claim.messages]
+
+
+async def interleaved(
+    new: Callable[[], Awaitable[Any]],
+    old: Callable[[], Awaitable[Any]] | None,
+    check: Callable[[Any], str | None],
+) -> dict[str, Any]:
+    """Medians of ``ROUNDS`` timings of ``new`` and (when given) ``old``, interleaved (new, old,
+    new, old ...) after one untimed run of each (the first plans and warms the cache); ``check``
+    returns what is wrong with a claim's result, if anything."""
+
+    async def timed(claim: Callable[[], Awaitable[Any]]) -> float:
+        started = time.perf_counter()
+        result = await claim()
+        elapsed = time.perf_counter() - started
+        if wrong := check(result):
+            raise RuntimeError(wrong)
+        return elapsed * 1000
+
+    claims = [new] if old is None else [new, old]
+    for claim in claims:
+        await claim()
+    times: list[list[float]] = [[] for _ in claims]
+    for _ in range(ROUNDS):
+        for claim, ms in zip(claims, times, strict=True):
+            ms.append(await timed(claim))
+    result: dict[str, Any] = {"claim_ms": round(statistics.median(times[0]), 2)}
+    if old is not None:
+        result["baseline"] = BASELINE
+        result["baseline_claim_ms"] = round(statistics.median(times[1]), 2)
+        result["baseline_over_new"] = round(result["baseline_claim_ms"] / result["claim_ms"], 1)
+    return result
 
 
 async def run(count: int, how: str) -> dict[str, Any]:
@@ -129,35 +166,20 @@ async def run(count: int, how: str) -> dict[str, Any]:
 
             async def old() -> int:
                 # as the store's claim_batch of that revision did, and released the same way
+                assert old_sql is not None
                 args: tuple[Any, ...] = (500, 1, "bench", 30.0, False, [])
                 if "$8" in old_sql:  # the bounded claim (ADR 0010): front and keys, as relay.py
                     args += (500 * FRONT_PER_MESSAGE, 500 * KEYS_PER_MESSAGE)
                 async with store.db.connection() as conn:
                     rows = await conn.fetch(old_sql, *args)
-                claim = claim_from_rows(1, rows)
-                if claim.messages:
-                    await store.settle(claim, Settlement(released=[m.id for m in claim.messages]))
-                return len(claim.messages)
+                return len(await released(store, 1, rows))
 
-            new_ms: list[float] = []
-            old_ms: list[float] = []
-            await new()  # the first execution plans and warms the cache
-            if old_sql:
-                await old()
-            for _ in range(ROUNDS):
-                new_ms.append(await timed(new, expected))
-                if old_sql:
-                    old_ms.append(await timed(old, expected))
-    result: dict[str, Any] = {
-        "messages": count,
-        "blocked_by": how,
-        "fill_s": round(fill_s, 1),
-        "claim_ms": round(statistics.median(new_ms), 2),
-    }
-    if old_ms:
-        result["baseline"] = BASELINE
-        result["baseline_claim_ms"] = round(statistics.median(old_ms), 2)
-        result["baseline_over_new"] = round(result["baseline_claim_ms"] / result["claim_ms"], 1)
+            timings = await interleaved(
+                new,
+                old if old_sql else None,
+                lambda rows: None if rows == expected else f"claimed {rows}, not {expected}",
+            )
+    result = {"messages": count, "blocked_by": how, "fill_s": round(fill_s, 1), **timings}
     print(result, flush=True)
     return result
 

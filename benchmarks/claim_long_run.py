@@ -26,23 +26,17 @@ Run: ``.venv/bin/python -m benchmarks.claim_long_run [20000 100000 300000]``
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import statistics
 import sys
 import time
 import uuid
 from dataclasses import replace
 from typing import Any
 
-import asyncpg
-
-from benchmarks.claim_blocked import baseline_claim
-from benchmarks.common import PAYLOAD, PG_URL, fresh_schema, save
-from outboxer._ids import new_message_id
+from benchmarks.claim_blocked import baseline_claim, copy_keys, interleaved, released
+from benchmarks.common import PG_URL, fresh_schema, save
 from outboxer.config import TableNames
 from outboxer.ports import Claim, ClaimRequest, Settlement
-from outboxer.stores._common import claim_from_rows
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.postgres.relay import FRONT_PER_MESSAGE, KEYS_PER_MESSAGE
 
@@ -54,48 +48,11 @@ ROUNDS = int(os.environ.get("OUTBOXER_BENCH_ROUNDS", "5"))
 BASELINE = os.environ.get("OUTBOXER_BENCH_BASELINE")
 
 
-async def copy_fill(schema: str, run: int) -> None:
-    """``run`` rows of key K, then ``KEYS × PER_KEY`` rows of the other keys; VACUUM ANALYZE."""
-    keys = ["K"] * run + [str(n % KEYS) for n in range(KEYS * PER_KEY)]
-    conn = await asyncpg.connect(PG_URL)
-    try:
-        for start in range(0, len(keys), 100_000):
-            records = [
-                (
-                    new_message_id(),
-                    "orders",
-                    key,
-                    "OrderCreated",
-                    json.dumps({**PAYLOAD, "order_id": start + i}).encode(),
-                )
-                for i, key in enumerate(keys[start : start + 100_000])
-            ]
-            await conn.copy_records_to_table(
-                "outbox",
-                records=records,
-                columns=["id", "topic", "key", "type", "payload"],
-                schema_name=schema,
-            )
-        await conn.execute(f'VACUUM ANALYZE "{schema}".outbox')
-    finally:
-        await conn.close()
-
-
-async def released(store: PostgresStore, token: int, rows: list[Any]) -> list[str | None]:
-    """The claimed rows' keys, the rows released again for the next timing."""
-    claim = claim_from_rows(token, rows)
-    if claim.messages:
-        await store.settle(claim, Settlement(released=[m.id for m in claim.messages]))
-    return [m.key for m in claim.messages]
-
-
-async def timed(claim: Any) -> float:
-    started = time.perf_counter()
-    keys = await claim()
-    elapsed = time.perf_counter() - started
+def wrong(keys: list[str | None]) -> str | None:
+    """What is wrong with a claim of these keys: it must take a batch of the other keys."""
     if len(keys) != BATCH or "K" in keys:
-        raise RuntimeError(f"claimed {len(keys)} rows, {keys.count('K')} of K")
-    return elapsed * 1000
+        return f"claimed {len(keys)} rows, {keys.count('K')} of K"
+    return None
 
 
 async def run(length: int, how: str) -> dict[str, Any]:
@@ -104,7 +61,7 @@ async def run(length: int, how: str) -> dict[str, Any]:
         async with PostgresStore(PG_URL, names) as store:
             await store.migrate()
             filled = time.perf_counter()
-            await copy_fill(schema, length)
+            await copy_keys(schema, ["K"] * length + [str(n % KEYS) for n in range(KEYS * PER_KEY)])
             fill_s = time.perf_counter() - filled
             if how == "scheduled":
                 async with store.db.connection() as conn:
@@ -142,25 +99,8 @@ async def run(length: int, how: str) -> dict[str, Any]:
                     rows = await conn.fetch(old_sql, *args)
                 return await released(store, 1, rows)
 
-            new_ms: list[float] = []
-            old_ms: list[float] = []
-            await new()  # the first execution plans and warms the cache
-            if old_sql:
-                await old()
-            for _ in range(ROUNDS):
-                new_ms.append(await timed(new))
-                if old_sql:
-                    old_ms.append(await timed(old))
-    result: dict[str, Any] = {
-        "run": length,
-        "blocked_by": how,
-        "fill_s": round(fill_s, 1),
-        "claim_ms": round(statistics.median(new_ms), 2),
-    }
-    if old_ms:
-        result["baseline"] = BASELINE
-        result["baseline_claim_ms"] = round(statistics.median(old_ms), 2)
-        result["baseline_over_new"] = round(result["baseline_claim_ms"] / result["claim_ms"], 1)
+            timings = await interleaved(new, old if old_sql else None, wrong)
+    result = {"run": length, "blocked_by": how, "fill_s": round(fill_s, 1), **timings}
     print(result, flush=True)
     return result
 
