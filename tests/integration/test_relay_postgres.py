@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -69,6 +71,32 @@ async def test_upgrade_is_idempotent_and_equals_a_fresh_install(
                 await store.execute(f'DROP SCHEMA "{stepwise}" CASCADE')
 
 
+@asynccontextmanager
+async def relay_and_writers(
+    store: PostgresStore, url: str, writers: int
+) -> AsyncIterator[tuple[RecordingPublisher, list[asyncpg.Connection]]]:
+    """An ordered relay polling every 50 ms, and ``writers`` connections of the application."""
+    connections = [await asyncpg.connect(url) for _ in range(writers)]
+    publisher = RecordingPublisher()
+    relay = Relay(store, publisher, RelaySettings(poll_interval=0.05, min_poll_interval=0.01))
+    task = asyncio.create_task(relay.run())
+    try:
+        yield publisher, connections
+    finally:
+        relay.stop()
+        await task
+        for conn in connections:
+            await conn.close()
+
+
+async def published(publisher: RecordingPublisher, count: int) -> list[str]:
+    """The ids published once ``count`` are (or 10 s have passed)."""
+    deadline = time.monotonic() + 10
+    while len(publisher.messages) < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return [m.id for m in publisher.messages]
+
+
 async def test_commit_order_gate_never_publishes_past_a_slower_older_transaction(
     pg_store: PostgresStore, pg_url: str, pg_schema: str
 ) -> None:
@@ -79,11 +107,7 @@ async def test_commit_order_gate_never_publishes_past_a_slower_older_transaction
     write order.
     """
     outbox = outboxer.Outbox(schema=pg_schema)
-    t1, t2 = await asyncpg.connect(pg_url), await asyncpg.connect(pg_url)
-    publisher = RecordingPublisher()
-    relay = Relay(pg_store, publisher, RelaySettings(poll_interval=0.05, min_poll_interval=0.01))
-    task = asyncio.create_task(relay.run())
-    try:
+    async with relay_and_writers(pg_store, pg_url, 2) as (publisher, (t1, t2)):
         first = t1.transaction()
         await first.start()
         a = await outbox.enqueue_async(t1, "t", {"n": 1}, key="K")
@@ -92,15 +116,7 @@ async def test_commit_order_gate_never_publishes_past_a_slower_older_transaction
         await asyncio.sleep(0.5)  # the relay polls ~10 times while T1 is open
         assert publisher.messages == []
         await first.commit()
-        deadline = time.monotonic() + 10
-        while len(publisher.messages) < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        assert [m.id for m in publisher.messages] == [a, b]
-    finally:
-        relay.stop()
-        await task
-        await t1.close()
-        await t2.close()
+        assert await published(publisher, 2) == [a, b]
 
 
 async def test_commit_order_gate_waits_for_a_younger_transaction_that_wrote_the_key_first(
@@ -116,12 +132,7 @@ async def test_commit_order_gate_waits_for_a_younger_transaction_that_wrote_the_
     before T2 commits, then both in write order.
     """
     outbox = outboxer.Outbox(schema=pg_schema)
-    t1, t2 = await asyncpg.connect(pg_url), await asyncpg.connect(pg_url)
-    t3 = await asyncpg.connect(pg_url)
-    publisher = RecordingPublisher()
-    relay = Relay(pg_store, publisher, RelaySettings(poll_interval=0.05, min_poll_interval=0.01))
-    task = asyncio.create_task(relay.run())
-    try:
+    async with relay_and_writers(pg_store, pg_url, 3) as (publisher, (t1, t2, t3)):
         first, second = t1.transaction(), t2.transaction()
         await first.start()
         await second.start()
@@ -136,16 +147,7 @@ async def test_commit_order_gate_waits_for_a_younger_transaction_that_wrote_the_
         await asyncio.sleep(0.5)  # the relay polls ~10 times while T2 is open
         assert publisher.messages == []
         await second.commit()
-        deadline = time.monotonic() + 10
-        while len(publisher.messages) < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        assert [m.id for m in publisher.messages] == [one, two]
-    finally:
-        relay.stop()
-        await task
-        await t1.close()
-        await t2.close()
-        await t3.close()
+        assert await published(publisher, 2) == [one, two]
 
 
 async def test_a_row_written_after_a_younger_transaction_completed_is_claimable_at_commit(
