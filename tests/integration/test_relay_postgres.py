@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
+import pytest
 
 import outboxer
 from outboxer.config import RelaySettings, TableNames
@@ -207,3 +208,21 @@ async def test_the_upgrade_to_6_drops_the_doorbell_on_a_live_outbox_and_loses_no
             assert [m.id for m in publisher.messages] == [before, during, after]
     finally:
         await writer.close()
+
+
+async def test_a_cancel_goes_on_when_the_pool_took_the_connection_back(
+    pg_store: PostgresStore,
+) -> None:
+    """A block cancelled after the pool took its connection back (its close at a stop):
+    discarding the connection failed ("connection has been released back to the pool") and
+    the cancel became a StoreError, logged as "store unavailable" by a stopping relay (a
+    probe)."""
+
+    async def cancelled_after_the_pool_took_it_back() -> None:
+        async with pg_store.db.connection() as conn:
+            await pg_store.db.pool.release(conn)
+            raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled_after_the_pool_took_it_back()
+    assert await pg_store.stats()  # the pool still serves

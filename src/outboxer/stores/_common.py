@@ -469,7 +469,11 @@ class PooledDatabase(abc.ABC, Generic[_P, _C]):
                     try:
                         yield conn
                     except asyncio.CancelledError:
-                        self.discard(conn)  # mid-statement, perhaps: never handed on
+                        # mid-statement, perhaps: never handed on. Best effort: a connection
+                        # the pool took back already (its close at a stop) has nothing to
+                        # discard, and the cancel must go on (it became "store unavailable").
+                        with contextlib.suppress(Exception):
+                            self.discard(conn)
                         raise
             except TimeoutError as exc:
                 # The driver's timeout says nothing (its text is empty): name the bound that
