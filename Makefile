@@ -42,9 +42,10 @@ chromium:
 
 # The whole suite against the real services (PostgreSQL, MariaDB, RabbitMQ, NATS, Redis here;
 # the Kafka-protocol broker Tansu is started by the tests). Chaos tests (they kill relays and
-# restart PostgreSQL) run afterwards, one at a time. Long soaks are `make soak`.
+# restart PostgreSQL) run afterwards, one at a time. Long soaks are `make soak`. The slowest 15
+# tests are listed at the end (the suite is meant to stay under ~15 min on 2 cores).
 test: lint chromium services
-	$(BIN)/python -m pytest -n 2 -m "not soak and not chaos" -p no:cacheprovider
+	$(BIN)/python -m pytest -n 2 -m "not soak and not chaos" -p no:cacheprovider --durations=15
 	$(BIN)/python -m pytest -m chaos -p no:cacheprovider
 
 # Start any of the suite's services that is down, with the command this machine uses for it.
