@@ -20,6 +20,7 @@ from outboxer.relay import Relay
 from outboxer.stores import _sql
 from outboxer.stores.postgres import PostgresStore
 from outboxer.testing import RecordingPublisher
+from tests.conftest import wait_past_commit_gate
 
 
 async def test_upgrade_is_idempotent_and_equals_a_fresh_install(
@@ -165,6 +166,9 @@ async def test_a_row_written_after_a_younger_transaction_completed_is_claimable_
             async with other.transaction():
                 assert await other.fetchval("SELECT pg_current_xact_id()::text::bigint") > own
             sent = await outbox.enqueue_async(writer, "t", {"n": 1}, key="K")
+        # Other tests' transactions may hold the gate a moment: wait until no xid below the
+        # row's value runs (none below it can begin any more), then the claim must take it.
+        await wait_past_commit_gate(pg_store)
         request = ClaimRequest(limit=10, lease_seconds=30, ordered=True, relay_id="r")
         assert [m.id for m in (await pg_store.claim_batch(request)).messages] == [sent]
     finally:
