@@ -1,5 +1,6 @@
-"""The outbox tables at outboxer's schema version 9: PostgreSQL's commit-order gate waits for every
-transaction running when a row was written (nothing changes on MySQL/MariaDB)."""
+"""The outbox tables at outboxer's schema version 9: PostgreSQL's commit-order gate also waits for
+writers older than the latest transaction to complete before a row was written (nothing changes
+on MySQL/MariaDB or SQLite)."""
 
 from __future__ import annotations
 

@@ -36,8 +36,8 @@ RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.head
 -- the relay then publishes a key's run in write order (Relay._publish_runs, or in waves).
 -- A row is claimable when it is neither leased nor waiting (available_at), is no suspect, has
 -- passed the commit-order gate (no xid below txid still runs: the writer's xid or, when larger,
--- its statement's snapshot's xmax, 0009) and, if
--- the relay asks so, its key has no publish dead letter.
+-- its statement's snapshot's xmax, 0009) and, if the relay asks so, its key has no publish dead
+-- letter.
 --  1. Candidates are claimable rows whose key's head (its oldest row) is neither leased nor
 --     waiting for a retry or a delayed time. Rows behind a blocked head are skipped, so a
 --     failing message never holds back other keys. (Leased and retrying rows are always a

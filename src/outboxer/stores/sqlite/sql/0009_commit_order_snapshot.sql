@@ -1,4 +1,4 @@
--- outboxer schema version 9 (SQLite): nothing to change. PostgreSQL's version 9 gates ordered
--- claims on the transactions running when a row was written; SQLite has one writer at a time.
+-- outboxer schema version 9 (SQLite): nothing to change. PostgreSQL's version 9 widens the
+-- commit-order gate of its ordered claims; SQLite has one writer at a time.
 -- The version numbers of all databases move together (one Django migration, one Alembic step
 -- per version).
