@@ -65,6 +65,7 @@ async def test_an_ordered_claim_with_every_key_blocked_reads_pages_bounded_by_th
     pg_store: PostgresStore, pg_url: str, pg_schema: str
 ) -> None:
     await fill(pg_url, pg_schema)
+    await wait_past_commit_gate(pg_store)  # another test's transaction may hold it a moment
     holder = ClaimRequest(limit=BATCH, lease_seconds=3600, ordered=True, relay_id="holder")
     held = [await pg_store.claim_batch(holder) for _ in range(KEYS // BATCH)]
     assert sum(len(c.messages) for c in held) == KEYS  # every key's head
