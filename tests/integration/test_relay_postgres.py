@@ -230,3 +230,52 @@ async def test_a_cancel_goes_on_when_the_pool_took_the_connection_back(
     with pytest.raises(asyncio.CancelledError):
         await cancelled_after_the_pool_took_it_back()
     assert await pg_store.stats()  # the pool still serves
+
+
+async def _claim_plan(store: PostgresStore) -> tuple[Any, str]:
+    """When the ordered claim's statement cached on the store's (only) connection was prepared,
+    and the shape of its generic plan (EXPLAIN EXECUTE: the cached plan, not run)."""
+    rows = await store.execute(
+        "SELECT name, prepare_time FROM pg_prepared_statements WHERE statement = $1",
+        store.q["claim_ordered"],
+    )
+    assert len(rows) == 1, rows
+    name, prepared = rows[0]["name"], rows[0]["prepare_time"]
+    plan = await store.execute(
+        f"EXPLAIN EXECUTE {name}(100, 1, 'r', 30.0, false, '{{}}'::bigint[], 400, 400)"
+    )
+    return prepared, "\n".join(r[0] for r in plan)
+
+
+async def test_a_claim_after_a_burst_is_not_planned_on_the_empty_outbox(
+    pg_url: str, pg_schema: str
+) -> None:
+    """A relay started on an empty outbox caches the claim's generic plan made on it: seq scans
+    everywhere, also one per row (the table had 0 pages). The first claim after a burst must not
+    run it: the store sees the table grew and plans the claim again (autovacuum is off here, so
+    no analyze invalidates the plan)."""
+    names = TableNames(schema=pg_schema)
+    request = ClaimRequest(limit=100, lease_seconds=30, ordered=True, relay_id="r")
+    async with PostgresStore(pg_url, names, max_connections=1) as store:
+        await store.migrate()
+        await store.execute("ALTER TABLE {outbox} SET (autovacuum_enabled = off)")
+        await store.execute("ANALYZE {outbox}")
+        for _ in range(3):
+            assert not (await store.claim_batch(request)).messages
+        first, stale = await _claim_plan(store)
+        assert "Seq Scan on outbox" in stale, stale  # the scenario: a plan for an empty table
+        conn = await asyncpg.connect(pg_url)
+        try:
+            await conn.copy_records_to_table(
+                "outbox",
+                records=[(f"m{n}", "t", str(n % 500), "T", b"{}") for n in range(5000)],
+                columns=["id", "topic", "key", "type", "payload"],
+                schema_name=pg_schema,
+            )
+        finally:
+            await conn.close()
+        await wait_past_commit_gate(store)
+        assert len((await store.claim_batch(request)).messages) == 100
+        prepared, plan = await _claim_plan(store)
+        assert prepared > first, "the claim ran the plan made on the empty outbox"
+        assert "Seq Scan on outbox" not in plan, plan

@@ -249,6 +249,10 @@ WHERE o.ctid = ANY(ARRAY(
 RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.headers::text,
           o.created_at, o.available_at, o.attempts, o.lease_expiries, o.solo_deaths
 
+-- name: outbox_size
+-- Before a claim that follows a short one: has the table grown since its plans were made?
+SELECT pg_relation_size('{outbox}'::regclass)
+
 -- name: ack
 DELETE FROM {outbox} WHERE id = ANY($1::text[]) AND claim_token = $2
 
