@@ -8,8 +8,9 @@ it empty (ordered and unordered) ``IDLE`` times, interleaved: the cost of the ch
 relay's claims. Then N messages over K keys arrive in one binary COPY (not analyzed), and each
 store claims ``ROUNDS`` batches of each kind, interleaved (fixed, before, fixed, before ...),
 each batch released again: ``before`` still runs the plans made on the empty table. Last, the
-outbox is emptied and vacuumed again, and the idle claims are timed once more: ``fixed``'s plans
-were made on the large table, and must stay cheap on the empty one.
+outbox is emptied and vacuumed again (which invalidates both stores' plans: PostgreSQL plans
+again after a vacuum or analyze of the table), and the idle claims are timed once more: a
+second sample of the check's cost.
 
 Run: ``.venv/bin/python -m benchmarks.claim_stale_plan [N [KEYS [BATCH]]]`` (20,000 1,000 500:
 the stale ordered claim takes ≈ 13 s there, a larger N longer still: it reads the table once per
@@ -124,7 +125,6 @@ async def main(count: int, keys: int, batch: int) -> dict[str, Any]:
                 await admin.execute(f"VACUUM ANALYZE {table}")
                 for ordered in (True, False):
                     kind = "ordered" if ordered else "unordered"
-                    # fixed's plans: the large table's; before's: still the first empty table's
                     result[f"idle_after_{kind}_ms"] = await idle_ms(stores, ordered)
             finally:
                 await admin.close()

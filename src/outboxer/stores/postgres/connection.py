@@ -267,7 +267,8 @@ def normalize_url(url: str) -> tuple[str, float, float | None]:
 #: on 1M rows): the store's short statements never gain from JIT. Generic plans: PostgreSQL
 #: planned the ordered claim anew at every execution (its custom plans looked cheaper), 1.7 of
 #: the 2.1 ms an empty claim took; the generic plan claims as fast on 20k-1M rows
-#: (benchmarks.claim_blocked) and an idle or lightly loaded relay pays 0.45 ms.
+#: (benchmarks.claim_blocked) and an idle or lightly loaded relay pays 0.45 ms. A generic plan
+#: made on an empty outbox is dropped when a burst arrives: relay.py, ``REPLAN_GROWTH``.
 _SESSION: dict[str, Any] = {
     "server_settings": {"jit": "off", "plan_cache_mode": "force_generic_plan"}
 }
