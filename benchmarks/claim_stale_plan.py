@@ -35,6 +35,15 @@ from outboxer._ids import new_message_id
 from outboxer.config import TableNames
 from outboxer.ports import ClaimRequest, Settlement
 from outboxer.stores.postgres import PostgresStore
+from outboxer.stores.postgres.connection import PlanWatch
+
+
+class _Unwatched(PlanWatch):
+    """As before the watch: the plans are never dropped."""
+
+    async def check(self, conn: Any, every: float = 0.0) -> None:
+        return None
+
 
 ROUNDS = int(os.environ.get("OUTBOXER_BENCH_ROUNDS", "3"))
 IDLE = 300
@@ -85,10 +94,7 @@ async def main(count: int, keys: int, batch: int) -> dict[str, Any]:
         fixed = PostgresStore(PG_URL, names, max_connections=1)
         before = PostgresStore(PG_URL, names, max_connections=1)
 
-        async def unchecked(conn: Any) -> None:
-            return None
-
-        before._replan_if_grown = unchecked  # type: ignore[method-assign]
+        before.outbox_plans = _Unwatched("")
         stores = {"fixed": fixed, "before": before}
         async with fixed, before:
             await fixed.migrate()

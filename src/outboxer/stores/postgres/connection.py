@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, TypeAlias
 from urllib.parse import quote, urlencode
@@ -47,6 +49,7 @@ __all__ = [
     "Conn",
     "CountingConnection",
     "PostgresDatabase",
+    "PlanWatch",
     "PostgresPart",
     "normalize_url",
     "skip_reset",
@@ -137,6 +140,7 @@ class CountingConnection(asyncpg.Connection):
         "closed_by_client",
         "copies_in",
         "prepared",
+        "prepared_epoch",
         "reset_needed",
     )
 
@@ -150,6 +154,8 @@ class CountingConnection(asyncpg.Connection):
         self.begin_pending = False
         #: The names of the server-side prepared statements (``PREPARE``) made on it.
         self.prepared: set[str] = set()
+        #: :attr:`PlanWatch.drops` when ``prepared`` was made: behind it, they are made again.
+        self.prepared_epoch = PlanWatch.drops
         #: ``close()`` or ``terminate()`` was called: the client closed it (a connection the
         #: server dropped reads closed too, but is no one's doing).
         self.closed_by_client = False
@@ -262,13 +268,63 @@ def normalize_url(url: str) -> tuple[str, float, float | None]:
     return f"postgresql://{rest}{query}", float(parsed.options["connect_timeout"]), command_timeout
 
 
+class PlanWatch:
+    """Drops the pool's cached plans when a table they read has grown many times over.
+
+    The store's connections keep one generic plan per statement (``plan_cache_mode`` in
+    :data:`_SESSION`), made at its first execution on a connection and kept until a table it
+    reads is analyzed or vacuumed (or asyncpg prepares it again, after 5 min). A plan made on an
+    empty table (a vacuumed one has 0 pages: a sequential scan costs nothing) scans it
+    sequentially, also once per row of another scan: the first ordered claims of 500 after a
+    burst of 20,000-50,000 rows took 10-55 s instead of 20-35 ms (benchmarks.claim_stale_plan),
+    a batch of 100 deliveries over 20,000 failure rows 0.5 s instead of 4 ms, one purge batch
+    of the inbox 10 min instead of 38 ms (a probe, autovacuum off). :meth:`check` reads the
+    tables' sizes (``query``: one row of ``pg_relation_size``) and when one has grown
+    :data:`GROWTH` times over the smallest size seen since the plans were last dropped (and
+    past 1 MB), drops every cached statement of the pool (asyncpg's ``reload_schema_state``;
+    the server-side prepared statements of :attr:`CountingConnection.prepared` at their next
+    use): they are planned again on the tables as they are. A plan made on a large table stays
+    good on a small one, so a watch need not look while its tables are busy.
+    """
+
+    #: Growth (times the smallest size seen) that drops the plans.
+    GROWTH = 8
+    #: 16 pages: below this, a table counts as this big.
+    SMALL = 16 * 8192
+    #: How many times a watch of this process dropped plans (see ``prepared_epoch``).
+    drops = 0
+
+    def __init__(self, query: str) -> None:
+        self.query = query
+        self._smallest: tuple[int, ...] | None = None
+        self._read_at = float("-inf")
+
+    async def check(self, conn: Conn, every: float = 0.0) -> None:
+        """Read the sizes (at most every ``every`` seconds) and drop the plans if a table
+        grew."""
+        now = time.monotonic()
+        if now < self._read_at + every:
+            return
+        self._read_at = now
+        sizes = tuple(int(size) for size in await conn.fetchrow(self.query) or ())
+        seen = self._smallest
+        if seen is not None and any(
+            size >= self.GROWTH * max(small, self.SMALL)
+            for size, small in zip(sizes, seen, strict=True)
+        ):
+            await conn.reload_schema_state()
+            PlanWatch.drops += 1
+            seen = None
+        self._smallest = sizes if seen is None else tuple(map(min, seen, sizes))
+
+
 #: The session settings of the store's connections. The claim's estimated cost on a deep
 #: backlog passes jit_above_cost, and compiling it took 0.7 s of a 15 ms claim (EXPLAIN ANALYZE
 #: on 1M rows): the store's short statements never gain from JIT. Generic plans: PostgreSQL
 #: planned the ordered claim anew at every execution (its custom plans looked cheaper), 1.7 of
 #: the 2.1 ms an empty claim took; the generic plan claims as fast on 20k-1M rows
 #: (benchmarks.claim_blocked) and an idle or lightly loaded relay pays 0.45 ms. A generic plan
-#: made on an empty outbox is dropped when a burst arrives: relay.py, ``REPLAN_GROWTH``.
+#: made on an empty table is dropped when the table grows: :class:`PlanWatch`.
 _SESSION: dict[str, Any] = {
     "server_settings": {"jit": "off", "plan_cache_mode": "force_generic_plan"}
 }
@@ -427,3 +483,14 @@ class PostgresPart:
     db: PostgresDatabase
     names: TableNames
     q: Mapping[str, str]
+
+    @functools.cached_property
+    def outbox_plans(self) -> PlanWatch:
+        """The watch of the outbox's size: checked before a claim that follows a short one."""
+        return PlanWatch(self.q["outbox_size"])
+
+    @functools.cached_property
+    def inbox_plans(self) -> PlanWatch:
+        """The watch of the inbox's tables: checked before a chunk of deliveries (every few
+        seconds) and before each purge batch."""
+        return PlanWatch(self.q["inbox_sizes"])

@@ -50,6 +50,7 @@ from outboxer.stores._common import (
 )
 from outboxer.stores.postgres.connection import (
     CountingConnection,
+    PlanWatch,
     PostgresPart,
     skip_reset,
     statement_counter,
@@ -62,6 +63,12 @@ __all__ = ["PostgresInbox"]
 #: this long: redeliveries come in runs (a consumer's restart, a rebalance), and each plain
 #: INSERT that fails costs two round trips and an error line in the server's log.
 REDELIVERY_WINDOW = 60.0
+
+#: At most this often, a chunk of deliveries first checks the inbox's tables' sizes
+#: (:class:`PlanWatch`: one round trip, on the connection the chunk holds anyway): failures
+#: pile up fast in an outage, and a batch's check of its keys' failures planned on an empty
+#: table read all of them for each message.
+PLAN_CHECK_SECONDS = 1.0
 
 
 class _Session(SqlInboxSession):
@@ -186,8 +193,13 @@ class _Session(SqlInboxSession):
         name = _prepared_name(sql)
         execute = f"EXECUTE {name}({', '.join(map(_literal, args))})"
         trip = f"BEGIN; {execute}; SAVEPOINT {HANDLER_SAVEPOINT}"
+        stale = ""
+        if own.prepared_epoch != PlanWatch.drops:  # planned before a table grew: again
+            stale = "".join(f"DEALLOCATE {each}; " for each in sorted(own.prepared))
+            own.prepared.clear()
+            own.prepared_epoch = PlanWatch.drops
         if name not in own.prepared:
-            trip = f"PREPARE {name}(text, json, json, float8) AS {sql}; {trip}"
+            trip = f"{stale}PREPARE {name}(text, json, json, float8) AS {sql}; {trip}"
         own.begin_pending = False
         self._savepoint_clean = False
         try:
@@ -253,6 +265,12 @@ class PostgresInbox(PostgresPart, SqlInbox):
     """The inbox port (:class:`~outboxer.ports.InboxStore`) on PostgreSQL."""
 
     Session = _Session
+
+    @contextlib.asynccontextmanager
+    async def inbox_session(self) -> AsyncIterator[_Session]:
+        async with self.Session.held(self.db.connection(), self.q) as session:
+            await self.inbox_plans.check(session.connection, every=PLAN_CHECK_SECONDS)
+            yield session
 
 
 @functools.cache

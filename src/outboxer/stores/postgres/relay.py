@@ -13,9 +13,9 @@ from typing import Any
 
 from outboxer.ports import Claim, ClaimRequest, RelayInfo, Settlement
 from outboxer.stores._common import claim_from_rows, no_doorbell
-from outboxer.stores.postgres.connection import Conn, PostgresPart
+from outboxer.stores.postgres.connection import PostgresPart
 
-__all__ = ["FRONT_PER_MESSAGE", "KEYS_PER_MESSAGE", "REPLAN_GROWTH", "PostgresRelay"]
+__all__ = ["FRONT_PER_MESSAGE", "KEYS_PER_MESSAGE", "PostgresRelay"]
 
 #: An ordered claim walks the front of the table first: this many values of seq per message of
 #: the batch from the oldest row, plus a batch's worth for each of the relay's own batches in
@@ -28,43 +28,13 @@ FRONT_PER_MESSAGE = 4
 KEYS_PER_MESSAGE = 4
 
 
-#: The store's connections keep one generic plan per statement (``plan_cache_mode``, see
-#: connection.py), made at its first execution on the connection and kept until the table is
-#: analyzed (or asyncpg re-prepares it, after 5 min). The claim's plan made on an empty or tiny
-#: outbox scans it sequentially everywhere (a vacuumed empty table has 0 pages: a seq scan costs
-#: nothing), also for each row (a suspect's older rows, a front row's lock by ctid): on a burst of
-#: 50,000 rows an ordered claim of 500 took 55 s instead of 20 ms (benchmarks.claim_stale_plan).
-#: So a claim that follows a short one (the relay was idle or lightly loaded: its plans may be a
-#: small table's) first reads the table's size, and when it has grown this many times over the
-#: smallest size seen since the plans were last dropped (at least ``_SMALL`` bytes), drops the
-#: pool's cached statements: the claim is planned again, on the table as it is now. A plan made
-#: on a large table stays good on a small one, so busy claims (full batches) never look.
-REPLAN_GROWTH = 8
-
-#: 16 pages: below this, a table counts as this big (an empty outbox has 0 bytes).
-_SMALL = 16 * 8192
-
-
 class PostgresRelay(PostgresPart):
     """The relay's port (:class:`~outboxer.ports.RelayStore`) on PostgreSQL."""
 
-    #: Whether the last claim came back short (fewer rows than its limit): the next looks at
-    #: the table's size first. True until a claim came back full.
+    #: Whether the last claim came back short (fewer rows than its limit): the relay was idle
+    #: or lightly loaded, its plans may be a small table's, so the next claim checks the
+    #: outbox's size first (:class:`PlanWatch`; one round trip, full batches never look).
     _claim_short = True
-    #: The smallest outbox size (bytes) the claims saw since the plans were dropped.
-    _smallest_seen: int | None = None
-
-    async def _replan_if_grown(self, conn: Conn) -> None:
-        """Drop the pool's cached statements when the outbox grew ``REPLAN_GROWTH`` times
-        since the smallest size seen: the plans made on it may be a tiny table's."""
-        size = int(await conn.fetchval(self.q["outbox_size"]))
-        seen = self._smallest_seen
-        if seen is not None and size >= REPLAN_GROWTH * max(seen, _SMALL):
-            # asyncpg's public way to forget every connection's prepared statements (the pool's
-            # when the connection is a pool's); each is prepared again at its next use
-            await conn.reload_schema_state()
-            seen = None
-        self._smallest_seen = size if seen is None else min(seen, size)
 
     async def claim_batch(self, request: ClaimRequest) -> Claim:
         token = int.from_bytes(os.urandom(8), "big") >> 1  # positive bigint
@@ -81,7 +51,7 @@ class PostgresRelay(PostgresPart):
             args += (request.hold_dead_keys, list(request.behind), front, keys)
         async with self.db.connection() as conn:
             if self._claim_short:
-                await self._replan_if_grown(conn)
+                await self.outbox_plans.check(conn)
             rows = await conn.fetch(query, *args)
         self._claim_short = len(rows) < request.limit
         return claim_from_rows(token, rows)

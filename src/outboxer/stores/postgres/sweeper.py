@@ -38,6 +38,7 @@ class PostgresSweeper(PostgresPart, Sweeping):
 
     async def _purge_inbox_batch(self, batch: int) -> int:
         async with self.db.connection() as conn:
+            await self.inbox_plans.check(conn)  # every batch: a stale purge ran for minutes
             return _row_count(await conn.execute(self.q["inbox_purge"], batch))
 
     async def _forget_dead_failures(self, batch: int) -> int:

@@ -251,6 +251,7 @@ RETURNING o.id, o.seq, o.topic, o.key, o.type, o.payload, o.content_type, o.head
 
 -- name: outbox_size
 -- Before a claim that follows a short one: has the table grown since its plans were made?
+-- (PlanWatch, stores/postgres/connection.py)
 SELECT pg_relation_size('{outbox}'::regclass)
 
 -- name: ack
@@ -728,6 +729,11 @@ WHERE (consumer, message_id) IN (
     LIMIT $1
     FOR UPDATE SKIP LOCKED)
   AND expires_at < now()
+
+-- name: inbox_sizes
+-- Before a chunk of deliveries (every few seconds) and a purge batch: have the inbox's tables
+-- grown since their plans were made? (PlanWatch, stores/postgres/connection.py)
+SELECT pg_relation_size('{inbox}'::regclass), pg_relation_size('{inbox_failures}'::regclass)
 
 -- name: inbox_forget_dead
 -- Failure rows of consume dead letters that were purged (by an operator or the retention):
