@@ -284,7 +284,7 @@ class PlanWatch:
     past 1 MB), drops every cached statement of the pool (asyncpg's ``reload_schema_state``;
     the server-side prepared statements of :attr:`CountingConnection.prepared` at their next
     use): they are planned again on the tables as they are. A plan made on a large table stays
-    good on a small one, so a watch need not look while its tables are busy.
+    good on a small one, so a watch need not look while its tables are busy (docs/adr/0012).
     """
 
     #: Growth (times the smallest size seen) that drops the plans.
