@@ -107,6 +107,19 @@ async def wait_past_commit_gate(store: PostgresStore, timeout: float = 60.0) -> 
         await asyncio.sleep(0.005)
 
 
+async def cached_plan(store: PostgresStore, column: str, value: str, args: str) -> tuple[Any, str]:
+    """When the statement cached on the store's (only) connection whose ``column`` of
+    ``pg_prepared_statements`` (``statement`` or ``name``) is ``value`` was prepared, and its
+    generic plan for ``args`` (``EXPLAIN EXECUTE``: the cached plan, not run)."""
+    assert column in ("statement", "name")
+    rows = await store.execute(
+        f"SELECT name, prepare_time FROM pg_prepared_statements WHERE {column} = $1", value
+    )
+    assert len(rows) == 1, rows
+    plan = await store.execute(f"EXPLAIN EXECUTE {rows[0]['name']}({args})")
+    return rows[0]["prepare_time"], "\n".join(r[0] for r in plan)
+
+
 async def give_up_on(
     store: Any,
     message_id: str,

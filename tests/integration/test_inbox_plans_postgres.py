@@ -11,19 +11,14 @@ from outboxer.config import TableNames
 from outboxer.message import Message
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.postgres import inbox as postgres_inbox
+from tests.conftest import cached_plan
 
 
 async def _receive_plan(store: PostgresStore) -> tuple[Any, str]:
-    """When the recording of a batch (the server-side prepared ``inbox_receive_at_begin``) was
-    prepared on the store's only connection, and its generic plan (EXPLAIN EXECUTE: the cached
-    plan, not run)."""
+    """The prepare time and generic plan of the recording of a batch (the server-side prepared
+    ``inbox_receive_at_begin``)."""
     name = postgres_inbox._prepared_name(store.q["inbox_receive_at_begin"])
-    rows = await store.execute(
-        "SELECT prepare_time FROM pg_prepared_statements WHERE name = $1", name
-    )
-    assert len(rows) == 1, rows
-    plan = await store.execute(f"""EXPLAIN EXECUTE {name}('c', '["x"]', '["k"]', 60.0)""")
-    return rows[0]["prepare_time"], "\n".join(r[0] for r in plan)
+    return await cached_plan(store, "name", name, """'c', '["x"]', '["k"]', 60.0""")
 
 
 async def _receive(store: PostgresStore, n: int) -> None:
@@ -70,15 +65,8 @@ async def test_a_batch_after_the_failures_grew_is_not_planned_on_the_empty_table
 
 
 async def _purge_plan(store: PostgresStore) -> tuple[Any, str]:
-    """When the sweeper's purge (an asyncpg cached statement) was prepared on the store's only
-    connection, and its generic plan."""
-    rows = await store.execute(
-        "SELECT name, prepare_time FROM pg_prepared_statements WHERE statement = $1",
-        store.q["inbox_purge"],
-    )
-    assert len(rows) == 1, rows
-    plan = await store.execute(f"EXPLAIN EXECUTE {rows[0]['name']}(1000)")
-    return rows[0]["prepare_time"], "\n".join(r[0] for r in plan)
+    """The prepare time and generic plan of the sweeper's purge (an asyncpg cached statement)."""
+    return await cached_plan(store, "statement", store.q["inbox_purge"], "1000")
 
 
 async def test_a_purge_after_the_inbox_grew_is_not_planned_on_the_empty_table(

@@ -20,7 +20,7 @@ from outboxer.relay import Relay
 from outboxer.stores import _sql
 from outboxer.stores.postgres import PostgresStore
 from outboxer.testing import RecordingPublisher
-from tests.conftest import wait_past_commit_gate
+from tests.conftest import cached_plan, wait_past_commit_gate
 
 
 async def test_upgrade_is_idempotent_and_equals_a_fresh_install(
@@ -233,18 +233,9 @@ async def test_a_cancel_goes_on_when_the_pool_took_the_connection_back(
 
 
 async def _claim_plan(store: PostgresStore) -> tuple[Any, str]:
-    """When the ordered claim's statement cached on the store's (only) connection was prepared,
-    and the shape of its generic plan (EXPLAIN EXECUTE: the cached plan, not run)."""
-    rows = await store.execute(
-        "SELECT name, prepare_time FROM pg_prepared_statements WHERE statement = $1",
-        store.q["claim_ordered"],
-    )
-    assert len(rows) == 1, rows
-    name, prepared = rows[0]["name"], rows[0]["prepare_time"]
-    plan = await store.execute(
-        f"EXPLAIN EXECUTE {name}(100, 1, 'r', 30.0, false, '{{}}'::bigint[], 400, 400)"
-    )
-    return prepared, "\n".join(r[0] for r in plan)
+    """The cached ordered claim's prepare time and generic plan."""
+    args = "100, 1, 'r', 30.0, false, '{}'::bigint[], 400, 400"
+    return await cached_plan(store, "statement", store.q["claim_ordered"], args)
 
 
 async def test_a_claim_after_a_burst_is_not_planned_on_the_empty_outbox(

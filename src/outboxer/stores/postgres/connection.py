@@ -48,8 +48,8 @@ __all__ = [
     "URL_SPEC",
     "Conn",
     "CountingConnection",
-    "PostgresDatabase",
     "PlanWatch",
+    "PostgresDatabase",
     "PostgresPart",
     "normalize_url",
     "skip_reset",
@@ -306,7 +306,9 @@ class PlanWatch:
         if now < self._read_at + every:
             return
         self._read_at = now
-        sizes = tuple(int(size) for size in await conn.fetchrow(self.query) or ())
+        row = await conn.fetchrow(self.query)
+        assert row is not None  # one row of sizes
+        sizes = tuple(int(size) for size in row)
         seen = self._smallest
         if seen is not None and any(
             size >= self.GROWTH * max(small, self.SMALL)
@@ -491,6 +493,6 @@ class PostgresPart:
 
     @functools.cached_property
     def inbox_plans(self) -> PlanWatch:
-        """The watch of the inbox's tables: checked before a chunk of deliveries (every few
-        seconds) and before each purge batch."""
+        """The watch of the inbox's tables: checked before a chunk of deliveries (at most once
+        a second) and before each purge batch."""
         return PlanWatch(self.q["inbox_sizes"])

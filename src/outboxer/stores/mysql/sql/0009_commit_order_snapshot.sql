@@ -1,5 +1,5 @@
 -- outboxer schema version 9 (MySQL, MariaDB): nothing to change. PostgreSQL's version 9 makes
 -- its ordered claims also wait for writers older than the latest transaction to complete before
--- a row was written (its xid told only the older ones); MySQL's ordered claim counts a key's uncommitted rows (docs/adr/0003). The
--- version numbers of all databases move together (one Django migration, one Alembic step per
--- version).
+-- a row was written (its xid told only the older ones); MySQL's ordered claim counts a key's
+-- uncommitted rows (docs/adr/0003). The version numbers of all databases move together (one
+-- Django migration, one Alembic step per version).

@@ -731,7 +731,7 @@ WHERE (consumer, message_id) IN (
   AND expires_at < now()
 
 -- name: inbox_sizes
--- Before a chunk of deliveries (every few seconds) and a purge batch: have the inbox's tables
+-- Before a chunk of deliveries (at most once a second) and a purge batch: have the inbox's tables
 -- grown since their plans were made? (PlanWatch, stores/postgres/connection.py)
 SELECT pg_relation_size('{inbox}'::regclass), pg_relation_size('{inbox_failures}'::regclass)
 
