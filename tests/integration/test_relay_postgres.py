@@ -19,6 +19,7 @@ from outboxer.ports import ClaimRequest
 from outboxer.relay import Relay
 from outboxer.stores import _sql
 from outboxer.stores.postgres import PostgresStore
+from outboxer.stores.postgres.connection import PlanWatch
 from outboxer.testing import RecordingPublisher
 from tests.conftest import cached_plan, wait_past_commit_gate
 
@@ -270,3 +271,33 @@ async def test_a_claim_after_a_burst_is_not_planned_on_the_empty_outbox(
         prepared, plan = await _claim_plan(store)
         assert prepared > first, "the claim ran the plan made on the empty outbox"
         assert "Seq Scan on outbox" not in plan, plan
+
+
+async def test_dropping_the_plans_of_a_lent_pool_leaves_the_applications_statements_working(
+    pg_url: str, pg_schema: str
+) -> None:
+    """On a pool the application lends the store, the drop after a burst empties the pool's
+    statement caches: the application's own prepared statement and its cached queries go on."""
+    pool = await asyncpg.create_pool(pg_url, min_size=2, max_size=2)
+    try:
+        async with PostgresStore(pool, TableNames(schema=pg_schema)) as store:
+            await store.migrate()
+            request = ClaimRequest(limit=100, lease_seconds=30, ordered=True, relay_id="r")
+            async with pool.acquire() as app:
+                mine = await app.prepare("SELECT $1::int + 1")
+                assert await app.fetchval("SELECT $1::int * 3", 2) == 6
+                assert not (await store.claim_batch(request)).messages  # sizes seen: empty
+                await app.execute(
+                    f'INSERT INTO "{pg_schema}".outbox (id, topic, key, payload) '
+                    "SELECT 'm' || g, 't', (g % 100)::text, '{}'::bytea "
+                    "FROM generate_series(1, 20000) g"
+                )
+                drops = PlanWatch.drops
+                await wait_past_commit_gate(store)
+                assert len((await store.claim_batch(request)).messages) == 100
+                assert PlanWatch.drops == drops + 1, "the burst dropped the pool's plans"
+                assert await mine.fetchval(1) == 2
+                assert await app.fetchval("SELECT $1::int * 3", 3) == 9
+            assert (await store.stats()).pending == 19_900
+    finally:
+        await pool.close()
