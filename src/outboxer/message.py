@@ -78,14 +78,20 @@ class Message:
     attempts: int = 0
 
     def json(self) -> Any:
-        """Decode a JSON payload."""
-        return json.loads(self.payload)
+        """Decode a JSON payload (UTF-8, or what :func:`json.loads` reads from bytes)."""
+        try:
+            # ≈ 0.6 µs a message less than json.loads(bytes), which first guesses the encoding
+            return _decode_json(self.payload.decode())
+        except ValueError:  # not UTF-8, a BOM, not JSON: json.loads decides, with its error
+            return json.loads(self.payload)
 
     @property
     def text(self) -> str:
         """The payload decoded as UTF-8."""
         return self.payload.decode()
 
+
+_decode_json = json.JSONDecoder().decode
 
 #: The longest id, topic, key, type (and header name) in bytes of UTF-8: an AMQP short string's
 #: limit (routing key, message id, type, header name), far below PostgreSQL's b-tree entry limit

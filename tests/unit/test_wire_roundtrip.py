@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import hashlib
+import json
+import re
 
 import pika
 import pytest
@@ -320,3 +322,28 @@ def test_redis_headers_nested_too_deep_are_no_headers() -> None:
             stream="t", entry_id="1-0", fields={b"id": b"deep", b"headers": deep.encode()}
         )
         assert (decoded.id, decoded.headers) == ("deep", {})
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        '{"order": 42, "name": "héllo"}'.encode(),
+        b"\xef\xbb\xbf" + '{"order": 42, "name": "héllo"}'.encode(),  # a UTF-8 BOM
+        '{"order": 42, "name": "héllo"}'.encode("utf-16"),
+        '{"order": 42, "name": "héllo"}'.encode("utf-32-le"),
+    ],
+    ids=["utf-8", "utf-8-bom", "utf-16", "utf-32"],
+)
+def test_a_json_payload_decodes_in_every_encoding_json_loads_reads(payload: bytes) -> None:
+    message = Message(id="m", topic="t", payload=payload)
+    assert message.json() == {"order": 42, "name": "héllo"}
+
+
+@pytest.mark.parametrize("payload", [b"{", b"\xff\xfe\x00", b"", b'{"a": 1} x'])
+def test_a_payload_that_is_not_json_raises_what_json_loads_raises(payload: bytes) -> None:
+    try:
+        json.loads(payload)
+    except ValueError as exc:
+        expected = exc
+    with pytest.raises(type(expected), match=re.escape(str(expected))):
+        Message(id="m", topic="t", payload=payload).json()
