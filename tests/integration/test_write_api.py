@@ -525,6 +525,15 @@ def mysql_kind(request: pytest.FixtureRequest) -> Database:
     return _database(request, request.param)
 
 
+@pytest.fixture(
+    params=[kind for kind in KINDS if str(kind).startswith(("sqlalchemy", "scoped_session"))],
+    ids=str,
+)
+def sqlalchemy_database(request: pytest.FixtureRequest) -> Database:
+    """The SQLAlchemy kinds, sync and async, on every database."""
+    return _database(request, request.param)
+
+
 def _database(request: pytest.FixtureRequest, kind: Kind) -> Database:
     if kind.database == "postgres":
         store = request.getfixturevalue("pg_store")
@@ -1143,6 +1152,59 @@ async def test_a_batch_the_database_refuses_in_part_writes_none_of_it(
             await tx.enqueue_many([bulky, bulky, {**GOOD, "id": stored}])
         after = await tx.enqueue_many([GOOD, GOOD])
     assert [r["id"] for r in await database.rows()] == [stored, before, *after]
+
+
+async def test_through_sqlalchemy_a_refused_write_raises_sqlalchemys_exception(
+    sqlalchemy_database: Database,
+) -> None:
+    """Whichever way the rows go (SQLAlchemy's execute, or the driver's writer underneath: COPY,
+    multi-row INSERTs, a streamed batch, every row on MySQL), an id stored before raises
+    ``sqlalchemy.exc.IntegrityError`` with the driver's exception as ``orig``, as SQLAlchemy's
+    own statements do: the application's ``except sqlalchemy.exc.IntegrityError`` catches it
+    (it caught nothing on MySQL, nor for ``enqueue_many`` anywhere, where the driver's own
+    exception went through)."""
+    database = sqlalchemy_database
+    async with database.transaction() as tx:
+        [stored] = await tx.enqueue_many([GOOD])
+    calls = {
+        "enqueue": lambda tx: tx.enqueue(**{**GOOD, "id": stored}),
+        "short batch": lambda tx: tx.enqueue_many([GOOD, {**GOOD, "id": stored}]),
+        "long batch": lambda tx: tx.enqueue_many([*[GOOD] * 2200, {**GOOD, "id": stored}]),
+    }
+    for name, call in calls.items():
+        with contextlib.suppress(Rollback):  # (on PostgreSQL the transaction is aborted)
+            async with database.transaction() as tx:
+                with pytest.raises(sa.exc.IntegrityError, match=r"(?i)duplicate|unique") as error:
+                    await call(tx)
+                assert not isinstance(error.value.orig, sa.exc.SQLAlchemyError), name
+                raise Rollback
+    assert [r["id"] for r in await database.rows()] == [stored]
+
+
+async def test_through_sqlalchemy_a_connection_lost_under_the_driver_is_invalidated(
+    pg_url: str,
+) -> None:
+    """A connection that dies under the driver's writer (COPY) is invalidated as SQLAlchemy
+    invalidates one its own statement finds dead: ``rollback()`` then works (it raised the
+    driver's error again) and the pool hands out a fresh connection."""
+    with engine(pg_url, "psycopg") as made, Session(made) as session:
+        pid = session.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        with psycopg.connect(pg_url, autocommit=True) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s)", [pid])
+        with pytest.raises(sa.exc.OperationalError) as error:
+            outboxer.enqueue_many(session, [GOOD, GOOD])
+        assert error.value.connection_invalidated
+        session.rollback()
+        assert session.execute(sa.text("SELECT 1")).scalar_one() == 1
+    async with async_engine(pg_url, "asyncpg") as made, AsyncSession(made) as asession:
+        pid = (await asession.execute(sa.text("SELECT pg_backend_pid()"))).scalar_one()
+        with psycopg.connect(pg_url, autocommit=True) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s)", [pid])
+        with pytest.raises(sa.exc.DBAPIError) as aerror:
+            await outboxer.enqueue_many_async(asession, [GOOD] * 200)
+        assert aerror.value.connection_invalidated
+        await asession.rollback()
+        assert (await asession.execute(sa.text("SELECT 1"))).scalar_one() == 1
 
 
 async def max_allowed_packet(database: Database) -> int:

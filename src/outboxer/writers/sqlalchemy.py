@@ -13,15 +13,23 @@ transaction: SQLAlchemy's own ``executemany`` is 3-4× slower. SQLAlchemy's asyn
 opens its transaction only at its first statement: before that, a large batch sends a
 ``SELECT 1`` through SQLAlchemy first, a small one (and the rows for drivers outboxer has no
 writer for) goes through SQLAlchemy's ``executemany``.
+
+Whichever way rows go, a statement the database refuses raises SQLAlchemy's exception
+(``sqlalchemy.exc.IntegrityError`` ...) with the driver's as its ``orig``, as SQLAlchemy's own
+``execute`` does, and a connection found dead is invalidated as SQLAlchemy invalidates it (the
+session's ``rollback()`` then works): see :func:`_sqlalchemy_errors`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from functools import cache
 from typing import Any, Literal
 
 from sqlalchemy import Connection, TextClause, text
+from sqlalchemy.engine.interfaces import Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
@@ -115,6 +123,62 @@ def _on_mysql(writer: Any) -> bool:
     return isinstance(writer, MysqlWriter | AsyncMysqlWriter)
 
 
+def _dbapi_error(dialect: Dialect, exc: Exception) -> Any:
+    """``exc`` as an exception of the dialect's DB-API module, or ``None`` when it is none (ours,
+    the application's). SQLAlchemy's asyncpg adapter has exception classes of its own wrapping
+    asyncpg's, which its cursor translates: translated here the same way."""
+    dbapi = dialect.loaded_dbapi
+    if isinstance(exc, dbapi.Error):
+        return exc
+    translate: dict[type, Any] = getattr(dbapi, "_asyncpg_error_translate", None) or {}
+    for cls in type(exc).__mro__:
+        if cls in translate:  # (the adapter's own table)
+            translated: Exception = translate[cls](exc.args[0] if exc.args else str(exc), exc)
+            translated.__cause__ = exc
+            return translated
+    return None
+
+
+@contextmanager
+def _sqlalchemy_errors(connection: Connection, invalidate: bool = True) -> Iterator[None]:
+    """Rows handed to the driver's writer fail with the driver's exceptions: raise them as
+    SQLAlchemy's ``execute`` would (``sqlalchemy.exc.IntegrityError`` for an id stored before,
+    the driver's as ``orig``), so that the application's ``except sqlalchemy.exc....`` catches
+    them whichever way the rows went; a lost connection is invalidated as SQLAlchemy does
+    (``invalidate=False``: the async caller does it, awaited)."""
+    try:
+        yield
+    except Exception as exc:
+        dialect = connection.dialect
+        orig = _dbapi_error(dialect, exc)
+        if orig is None:
+            raise
+        driver = None if connection.invalidated else connection.connection.dbapi_connection
+        lost = dialect.is_disconnect(orig, driver, None)
+        if lost and invalidate and not connection.closed:
+            connection.invalidate(orig)
+        raise DBAPIError.instance(
+            None,
+            None,
+            orig,
+            dialect.loaded_dbapi.Error,
+            connection_invalidated=lost,
+            dialect=dialect,
+        ) from exc
+
+
+@asynccontextmanager
+async def _async_sqlalchemy_errors(connection: AsyncConnection) -> AsyncIterator[None]:
+    """:func:`_sqlalchemy_errors` for an ``AsyncConnection`` (its invalidation awaited)."""
+    try:
+        with _sqlalchemy_errors(connection.sync_connection, invalidate=False):  # type: ignore[arg-type]
+            yield
+    except DBAPIError as exc:
+        if exc.connection_invalidated and not connection.closed and not connection.invalidated:
+            await connection.invalidate(exc.orig)
+        raise
+
+
 class SqlalchemyWriter:
     """A sync ``Session`` or ``Connection``, in its transaction (begun if not yet)."""
 
@@ -125,7 +189,8 @@ class SqlalchemyWriter:
         if dialect in _QUOTE:  # MySQL: the driver's writer, see _driver_writer
             found = self._driver_writer(conn)
             if found is not None:
-                found[0].insert(found[1], names, row)
+                with _sqlalchemy_errors(_begun(conn)):
+                    found[0].insert(found[1], names, row)
                 return
         conn.execute(_insert(names, dialect), _params(row, dialect))
 
@@ -133,10 +198,11 @@ class SqlalchemyWriter:
         self, conn: Session | Connection, names: TableNames, rows: Sequence[Row]
     ) -> None:
         found = self._driver_writer(conn)
-        if found is not None:
-            found[0].insert_many(found[1], names, rows)
-            return
         connection = _begun(conn)
+        if found is not None:
+            with _sqlalchemy_errors(connection):
+                found[0].insert_many(found[1], names, rows)
+            return
         dialect = _dialect(connection)
         connection.execute(_insert(names, dialect), [_params(row, dialect) for row in rows])
 
@@ -144,7 +210,8 @@ class SqlalchemyWriter:
         self, conn: Session | Connection, names: TableNames, chunks: Iterator[Sequence[Row]]
     ) -> bool:
         connection = _begun(conn)
-        return stream_to_driver(connection.connection.driver_connection, names, chunks)
+        with _sqlalchemy_errors(connection):
+            return stream_to_driver(connection.connection.driver_connection, names, chunks)
 
     def _driver_writer(self, conn: Session | Connection) -> tuple[SyncWriter, Any] | None:
         """The writer of the driver underneath and its connection, if it has one and that
@@ -172,11 +239,12 @@ class AsyncSqlalchemyWriter:
     ) -> None:
         dialect = _dialect(conn)
         if dialect in _QUOTE:  # as SqlalchemyWriter's
-            _, found = await self._driver(conn)
+            connection, found = await self._driver(conn)
             if found is not None:
                 writer, driver = found
                 if writer.is_async is True:
-                    await writer.insert(driver, names, row)
+                    async with _async_sqlalchemy_errors(connection):
+                        await writer.insert(driver, names, row)
                     return
         await conn.execute(_insert(names, dialect), _params(row, dialect))
 
@@ -191,7 +259,8 @@ class AsyncSqlalchemyWriter:
                 # send one through SQLAlchemy, and the COPY runs inside its transaction.
                 await connection.exec_driver_sql("SELECT 1")
             if writer.is_async is True and (writer.joins_transaction(driver) or _on_mysql(writer)):
-                await writer.insert_many(driver, names, rows)
+                async with _async_sqlalchemy_errors(connection):
+                    await writer.insert_many(driver, names, rows)
                 return
         dialect = _dialect(connection)
         await connection.execute(_insert(names, dialect), [_params(row, dialect) for row in rows])
@@ -210,9 +279,10 @@ class AsyncSqlalchemyWriter:
             return False
         if not writer.joins_transaction(driver):
             await connection.exec_driver_sql("SELECT 1")  # begun on the database (see above)
-        return writer.joins_transaction(driver) and await writer.insert_chunks(
-            driver, names, chunks
-        )
+        if not writer.joins_transaction(driver):
+            return False
+        async with _async_sqlalchemy_errors(connection):
+            return await writer.insert_chunks(driver, names, chunks)
 
     async def _driver(
         self, conn: AsyncSession | AsyncConnection
