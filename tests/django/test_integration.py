@@ -225,6 +225,33 @@ def test_management_commands_take_the_database_from_the_settings(
 
 
 @db
+def test_a_schema_is_left_out_on_sqlite_as_the_model_leaves_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``OUTBOXER["SCHEMA"]`` is a PostgreSQL schema (a MySQL database) and SQLite has none: the
+    dead-letter model left it out there, but on a SQLite database (a project's tests, another
+    alias) ``migrate`` stopped on a traceback ("SQLite has no schemas") and ``enqueue`` failed
+    ("no such table: shop_events.outbox") (a probe). The tables, the writes, the commands and
+    the admin's store all use the plain names on SQLite."""
+    with override_settings(OUTBOXER={"SCHEMA": "shop_events", "DATABASE": "other"}):
+        call_command("migrate", "outboxer", "zero", database="other", verbosity=0)
+        with connections["other"].cursor() as cursor:  # as on a database never migrated
+            cursor.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            for (table,) in cursor.fetchall():
+                if table.startswith("outbox"):
+                    cursor.execute(f'DROP TABLE "{table}"')
+        call_command("migrate", "outboxer", database="other", verbosity=0)
+        with transaction.atomic(using="other"):
+            enqueue("orders", {"n": 1}, using="other")
+            enqueue_many([{"topic": "orders", "payload": {"n": 2}}], using="other")
+        call_command("outboxer", "stats", "--json")
+        assert json.loads(capsys.readouterr().out)["pending"] == 2
+        assert tool_names("other").schema is None
+        assert environment("other").get("OUTBOXER_SCHEMA") is None
+    assert [row[3] for row in outbox_rows("other")] == ['{"n":1}', '{"n":2}']
+
+
+@db
 def test_manage_py_outboxer_says_a_setting_it_cannot_take_in_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from outboxer.integrations.django.conf import database_url, outbox
+from outboxer.integrations.django.conf import database_url, outbox, outbox_on
 
 __all__ = ["database_url", "enqueue", "enqueue_many", "outbox"]
 
@@ -40,13 +40,13 @@ def enqueue(topic: str, payload: object, *, using: str | None = None, **options:
     the configured outbox: call it inside ``transaction.atomic(using=...)``."""
     from django.db import connections
 
-    conf = outbox()
-    return conf.enqueue(connections[using or conf.database], topic, payload, **options)
+    alias = using or outbox().database
+    return outbox_on(alias).enqueue(connections[alias], topic, payload, **options)
 
 
 def enqueue_many(messages: Iterable[Mapping[str, Any]], *, using: str | None = None) -> list[str]:
     """``outboxer.enqueue_many`` on ``connections[using]``, as :func:`enqueue`."""
     from django.db import connections
 
-    conf = outbox()
-    return conf.enqueue_many(connections[using or conf.database], messages)
+    alias = using or outbox().database
+    return outbox_on(alias).enqueue_many(connections[alias], messages)

@@ -23,6 +23,7 @@ __all__ = [
     "database_url",
     "environment",
     "outbox",
+    "outbox_on",
     "search_path_schema",
     "tool_names",
 ]
@@ -65,6 +66,18 @@ def outbox() -> ConfiguredOutbox:
         return _configured(table, schema, database)
     except ConfigurationError as exc:  # an invalid table or schema name
         raise ImproperlyConfigured(f"OUTBOXER: {exc}") from None
+
+
+def outbox_on(alias: str | None = None) -> ConfiguredOutbox:
+    """:func:`outbox` as it is on ``connections[alias]`` (default: ``OUTBOXER["DATABASE"]``):
+    SQLite has no schemas, so there ``SCHEMA`` is left out, as the dead-letter model's table
+    name leaves it (a project whose PostgreSQL outbox has a schema may run its tests, or keep
+    another database, on SQLite: ``migrate``, ``enqueue``, the commands and the admin use the
+    plain table names there)."""
+    conf = outbox()
+    if conf.names.schema is not None and connections[alias or conf.database].vendor == "sqlite":
+        return _configured(conf.names.table, None, conf.database)
+    return conf
 
 
 @cache
@@ -215,7 +228,11 @@ def environment(alias: str | None = None) -> dict[str, str]:
     env = {}
     for key, value in _setting().items():
         variable = f"OUTBOXER_{key.upper().replace('-', '_')}"
-        if key in _OWN or value is None:
+        if (
+            key in _OWN
+            or value is None
+            or (key == "SCHEMA" and outbox_on(alias).names.schema is None)
+        ):
             continue
         if variable not in known:
             raise ImproperlyConfigured(
@@ -250,7 +267,7 @@ def _variable_value(key: str, value: object) -> str:
 def tool_names(alias: str | None = None) -> TableNames:
     """The table names the admin's store uses: the configured outbox's, in the schema of a
     ``search_path`` in ``OPTIONS`` when ``OUTBOXER["SCHEMA"]`` is not set (as the commands)."""
-    names = outbox().names
+    names = outbox_on(alias).names
     if names.schema is None:
         schema = search_path_schema(alias)
         if schema is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import DatabaseError, migrations, transaction
 
-from outboxer.integrations.django.conf import outbox
+from outboxer.integrations.django.conf import outbox_on
 from outboxer.stores import ddl
 
 __all__ = ["UpgradeOutbox", "installed_version"]
@@ -61,7 +61,7 @@ class UpgradeOutbox(migrations.RunPython):
     def _forwards(self, apps: Any, schema_editor: Any) -> None:
         connection = schema_editor.connection
         dialect = ddl.dialect_of(connection.vendor)
-        names = outbox().names
+        names = outbox_on(connection.alias).names
         if schema_editor.collect_sql:  # sqlmigrate: what this migration runs after the one before
             current = 0 if self.version == _FIRST else self.version - 1
         else:
