@@ -30,6 +30,14 @@ __all__ = ["MysqlDeadLetters"]
 #: MySQL's "table doesn't exist" (ER_NO_SUCH_TABLE).
 _NO_SUCH_TABLE = 1146
 
+#: Dead letters a replay moves back to the outbox per ``INSERT ... SELECT``. InnoDB holds its
+#: table-level AUTO-INC lock for the whole of such a statement (``innodb_autoinc_lock_mode`` 1,
+#: MariaDB's default), and every application ``INSERT`` into the outbox waits for it: one
+#: statement replaying 200,000 dead letters held the application's enqueues 1.6-4.7 s (a probe).
+#: In chunks the wait is one chunk's (≈ 60 ms); they run in the one transaction, so a replay is
+#: still all or nothing.
+REPLAY_CHUNK = 1000
+
 
 def filter_args(flt: DeadLetterFilter) -> dict[str, Any]:
     """Query parameters of a dead-letter filter (an empty ``ids`` list matches nothing)."""
@@ -96,9 +104,9 @@ class MysqlDeadLetters(MysqlPart, DeadLetterViews):
             if consume:  # their failure rows become due again (see replay_consume_dead_letters)
                 ids = tuple(r["id"] for r in consume)
                 await execute(conn, self.q["replay_consume_dead_letters"], {"ids": ids})
-            if moved:
-                seqs = tuple(r["dl_seq"] for r in moved)
-                await execute(conn, self.q["replay_dead_letters"], {"seqs": seqs})
+            for start in range(0, len(moved), REPLAY_CHUNK):  # in dead-letter order
+                chunk = tuple(r["dl_seq"] for r in moved[start : start + REPLAY_CHUNK])
+                await execute(conn, self.q["replay_dead_letters"], {"seqs": chunk})
             if moved or consume:
                 seqs = tuple(r["dl_seq"] for r in [*moved, *consume])
                 await execute(conn, self.q["delete_dead_letters"], {"seqs": seqs})
