@@ -242,8 +242,17 @@ class Backoff:
             )
 
     def delay(self, failures: int) -> float:
-        """Delay after ``failures`` consecutive failures (1 → ``base``)."""
-        return float(min(self.cap, self.base * self.factor ** max(0, failures - 1)))
+        """Delay after ``failures`` consecutive failures (1 → ``base``), for any count.
+
+        Past the exponent at which it reaches the cap the delay is the cap, without computing
+        ``factor ** exponent``: 2.0 ** 1024 overflows (a broker down for some 17 hours at the
+        default 60 s cap), and an int factor would grow an ever larger int.
+        """
+        base, factor, cap = float(self.base), float(self.factor), float(self.cap)
+        exponent = max(0, failures - 1)
+        if factor > 1 and exponent > math.log(cap / base, factor):
+            return cap
+        return min(cap, base * factor**exponent)
 
 
 @dataclass(frozen=True, slots=True)

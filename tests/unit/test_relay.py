@@ -450,3 +450,66 @@ async def test_a_slow_settle_is_not_reported_as_a_lost_lease(
     await Relay(store, publisher, settings(lease_seconds=0.3)).drain(timeout=10)
     assert sorted(m.id for m in publisher.messages) == sorted(ids)
     assert "lost their lease" not in caplog.text
+
+
+async def test_a_broker_outage_of_more_than_1024_rounds_keeps_its_backoff() -> None:
+    """Found by a probe: the pause grew as ``base * factor ** (rounds - 1)``, and 2.0 ** 1024
+    overflows. With the defaults (capped at 60 s) a broker down for about 17 hours made every
+    later round raise ``OverflowError``: no more pauses, a traceback per batch, and claims left
+    to expire, so that healthy messages were taken for killers and dead-lettered."""
+    store = InMemoryStore()
+    message_id = store.enqueue("t", {"n": 1})
+    down = {"rounds": 1100}
+
+    class LongOutage(RecordingPublisher):
+        async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+            if down["rounds"]:
+                down["rounds"] -= 1
+                raise BrokerUnavailable("connection refused")
+            return await super().publish(messages)
+
+    publisher = LongOutage()
+    outage = Backoff(base=0.0001, factor=2, cap=0.0001)
+    relay = Relay(store, publisher, settings(outage=outage, max_attempts=1))
+    counters = await relay.drain(timeout=60)
+    assert down["rounds"] == 0 and counters.outages == 1100
+    assert [(m.id, m.attempts) for m in publisher.messages] == [(message_id, 0)]
+    assert (await store.stats()).dead_letters == 0
+
+
+async def test_a_retry_delay_past_the_float_range_is_the_cap() -> None:
+    """Found by a probe: ``--retry-factor 100 --max-attempts 1000`` (both in range) overflowed
+    at the 156th attempt (100 ** 155): the settle raised, the message was neither retried nor
+    dead-lettered, and came back only when its lease expired."""
+    store = InMemoryStore()
+    message_id = store.enqueue("t", {"n": 1}, key="k")
+    failures = {"left": 170}
+
+    def flaky(message: Message) -> PublishError | None:
+        if failures["left"]:
+            failures["left"] -= 1
+            return RetryablePublishError("try again")
+        return None
+
+    publisher = RecordingPublisher(fail=flaky)
+    retry = Backoff(base=0.0001, factor=100, cap=0.0001)
+    counters = await Relay(store, publisher, settings(retry=retry, max_attempts=1000)).drain(
+        timeout=60
+    )
+    assert [(m.id, m.attempts) for m in publisher.messages] == [(message_id, 170)]
+    assert counters.retried == 170 and counters.dead_lettered == 0
+
+
+@pytest.mark.parametrize(
+    ("base", "factor", "cap"), [(5.0, 2.0, 60.0), (5, 2, 60), (1.0, 100.0, 86400.0)]
+)
+def test_backoff_delays_stay_at_the_cap_for_any_number_of_failures(
+    base: float, factor: float, cap: float
+) -> None:
+    backoff = Backoff(base=base, factor=factor, cap=cap)
+    assert backoff.delay(0) == backoff.delay(1) == base
+    for failures in (1025, 1026, 10_000, 10**9):
+        delay = backoff.delay(failures)
+        assert delay == cap and isinstance(delay, float)
+    assert Backoff(base=5.0, factor=2.0, cap=60.0).delay(4) == 40.0
+    assert Backoff(base=2.0, factor=1.0, cap=3.0).delay(10**9) == 2.0
