@@ -730,6 +730,23 @@ class StoreContract:
 
     # -- messages not yet published (operators' read-only view) -------------------------------
 
+    async def test_messages_scheduled_at_the_ends_of_the_calendar_are_read_back(
+        self, store: Store, add: Add
+    ) -> None:
+        """Found by a probe: ``available_at=datetime.max`` is accepted (years 1-9999), but
+        SQLite's Unix seconds round it up to year 10000, and every read of the outbox's
+        messages (``messages list``, ``/api/messages``) failed with "year 10000 is out of
+        range"."""
+        latest = await add("t", {"n": 1}, key="late", available_at=dt.datetime.max)
+        earliest = await add("t", {"n": 2}, key="early", available_at=dt.datetime.min)
+        page = await store.list_messages(MessageFilter(), limit=10, cursor=None)
+        assert {m.id: m.state for m in page.items} == {latest: "scheduled", earliest: "pending"}
+        shown = await store.get_message(latest)
+        assert shown.next_attempt_at == dt.datetime.max.replace(tzinfo=dt.UTC)
+        shown = await store.get_message(earliest)
+        assert shown.next_attempt_at == dt.datetime.min.replace(tzinfo=dt.UTC)
+        assert [m.id for m in (await claim(store, 10)).messages] == [earliest]
+
     async def test_messages_show_where_each_one_stands(self, store: Store, add: Add) -> None:
         dead = await add("t", {"n": 1}, key="h")
         retrying = await add("t", {"n": 2}, key="r")

@@ -274,10 +274,23 @@ def _relay_info(row: Row) -> RelayInfo:
 
 
 def to_datetime(value: dt.datetime | float | int) -> dt.datetime:
-    """SQLite stores epoch seconds; PostgreSQL returns aware datetimes."""
+    """SQLite stores epoch seconds; PostgreSQL returns aware datetimes.
+
+    A float has no microseconds left near year 9999: ``datetime.max`` (an ``available_at``
+    outboxer accepts) is stored as the first instant of year 10000, read back as the last of
+    9999.
+    """
     if isinstance(value, dt.datetime):
         return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-    return dt.datetime.fromtimestamp(float(value), dt.UTC)
+    seconds = float(value)
+    if seconds >= _LATEST_SECONDS:
+        return _LATEST
+    return dt.datetime.fromtimestamp(seconds, dt.UTC)
+
+
+_LATEST = dt.datetime.max.replace(tzinfo=dt.UTC)
+#: ``_LATEST`` as a float of Unix seconds: 253402300800.0, year 10000 to ``fromtimestamp``.
+_LATEST_SECONDS = _LATEST.timestamp()
 
 
 def parse_cursor(cursor: str | None) -> int | None:
