@@ -14,6 +14,7 @@ from __future__ import annotations
 import sqlite3
 import tempfile
 from pathlib import Path
+from urllib.parse import quote
 
 import click
 
@@ -101,6 +102,12 @@ def register_user(conn: sqlite3.Connection, name: str, email: str) -> int:
     return user_id
 
 
+def _url(database: str) -> str:
+    """The ``sqlite:///`` URL of ``database``, percent-encoded: a space, ``?``, ``#`` or ``%``
+    in its name is no part of the URL's grammar, and a quote none of the shell's."""
+    return f"sqlite:///{quote(database)}"
+
+
 async def run(database: str | None = None) -> None:
     """Run the whole demo and print what happened."""
     workdir = None
@@ -158,7 +165,7 @@ async def run(database: str | None = None) -> None:
                     f"{dead.failure_reason}"
                 )
             echo(
-                f"\n   Inspect or replay it: outboxer dlq list --database-url sqlite:///{database}"
+                f"\n   Inspect or replay it: outboxer dlq list --database-url {_url(database)}"
                 if workdir is None
                 else "\n   (run with --database FILE to keep the database and try 'outboxer dlq')"
             )

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -527,6 +528,22 @@ def test_demo_tells_the_whole_story(cli: Cli) -> None:
     assert "dead-lettered (1)" in out and "after 3 attempts" in out
     assert "welcome e-mail sent to bob@example.com" in out
     assert result.stderr.strip() == "", "the demo narrates itself: no relay log lines"
+
+
+def test_the_demo_names_its_database_in_a_command_that_works(cli: Cli, tmp_path: Path) -> None:
+    """Found by a probe: the demo printed ``sqlite:///`` and the path as it is, so a database
+    whose name holds a space, ``?``, ``#`` or ``%`` (or a quote, for the shell) was named in a
+    command that failed ("the URL contains spaces", "unknown option", another file)."""
+    path = tmp_path / "it's my demo?x=1#2%41.db"
+    result = cli("demo", "--database", str(path))
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if "Inspect or replay it:" in x)
+    command = shlex.split(line.partition("Inspect or replay it: ")[2])
+    assert command[:3] == ["outboxer", "dlq", "list"]
+    listed = cli(*command[1:])
+    assert listed.returncode == 0, listed.stderr
+    assert "UserRegistered" in listed.stdout and "user-2" in listed.stdout
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".db") == [path.name]
 
 
 async def test_dlq_list_and_show_escape_terminal_control_sequences(
