@@ -255,6 +255,11 @@ class Backoff:
         return min(cap, base * factor**exponent)
 
 
+#: A relay is live (``stats``, ``/readyz``, the metrics) while its heartbeat is younger than
+#: this; so a relay beats at least three times as often.
+LIVE_SECONDS = 15.0
+
+
 @dataclass(frozen=True, slots=True)
 class RelaySettings:
     """How a relay claims, publishes and retries.
@@ -273,7 +278,8 @@ class RelaySettings:
         min_poll_interval: The idle wait after a claim that found work; doubles while claims
             come back empty, up to ``poll_interval`` (and is at most that).
         heartbeat_interval: How often the relay refreshes its registry row and reaps leases;
-            at most a third of ``lease_seconds``, so a short lease is renewed in time.
+            at most a third of ``lease_seconds``, so a short lease is renewed in time, and of
+            :data:`LIVE_SECONDS`, so the relay is listed live between its heartbeats.
         shutdown_timeout: On stop, how long in-flight batches may take before being released.
         sweep_interval: How often one of the relays sweeps (every minute by default).
         sweep_batch_size: Rows a sweep handles per kind (50 by default).
@@ -329,7 +335,7 @@ class RelaySettings:
     heartbeat_interval: float = duration(
         5.0,
         help="How often the relay refreshes its registry row and reaps expired leases (s); "
-        "at most a third of the lease.",
+        "at most a third of the lease, and 5 s.",
         maximum=3600,
     )
     shutdown_timeout: float = duration(
@@ -372,8 +378,12 @@ class RelaySettings:
         object.__setattr__(
             self, "min_poll_interval", min(self.min_poll_interval, self.poll_interval)
         )
+        # It also stays within a third of LIVE_SECONDS: a relay beating less often vanished
+        # from stats, /readyz and the metrics between its heartbeats (a probe).
         object.__setattr__(
-            self, "heartbeat_interval", min(self.heartbeat_interval, self.lease_seconds / 3)
+            self,
+            "heartbeat_interval",
+            min(self.heartbeat_interval, self.lease_seconds / 3, LIVE_SECONDS / 3),
         )
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from outboxer import ports
+from outboxer.config import LIVE_SECONDS
 from outboxer.errors import ConfigurationError, PublishError
 from outboxer.message import Message
 from outboxer.outbox import Outbox
@@ -355,7 +356,11 @@ class InMemoryStore:
                     r.seq, first_scheduled.get(r.message.key, r.seq)
                 )
         oldest = min((r.message.created_at for r in rows), default=None)
-        live = {r.relay_id for r in self._relays.values() if (now - r.heartbeat_at).seconds < 15}
+        live = {
+            r.relay_id
+            for r in self._relays.values()
+            if (now - r.heartbeat_at).total_seconds() < LIVE_SECONDS
+        }
         return OutboxStats(
             last_sweep=self._last_sweep,
             unowned_in_flight=sum(r.token is not None and r.locked_by not in live for r in rows),

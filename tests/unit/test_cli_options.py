@@ -77,7 +77,8 @@ def changed_value(option: click.Option, default: Any) -> str:
     if isinstance(option.type, click.types.IntParamType):
         return str(default + 1)
     if isinstance(option.type, click.types.FloatParamType):
-        return repr(default + 1.0)
+        # Half: one more second would be over the heartbeat's 5 s, its default and its most.
+        return repr(default / 2)
     return "changed-name"
 
 

@@ -231,3 +231,35 @@ def test_an_idle_relay_sees_a_message_committed_at_any_moment_within_one_poll_in
     assert max(delays) <= settings.poll_interval + 1e-6
     assert max(delays) > settings.poll_interval / 2  # some commits did land deep in idleness
     assert max(busy) <= 2 * settings.min_poll_interval + 1e-6
+
+
+@pytest.mark.parametrize("heartbeat", [5.0, 14.0, 60.0, 3600.0])
+def test_a_relay_with_a_long_heartbeat_interval_is_always_listed_live(heartbeat: float) -> None:
+    """Found by a probe: ``--lease-seconds 300 --heartbeat-interval 60`` (both in range) made a
+    healthy relay vanish from ``stats`` 15 s after each heartbeat (a relay is live while its
+    heartbeat is younger than that): ``/readyz`` failed, and its messages in flight were
+    reported as held by a dead relay (``unowned_in_flight``)."""
+
+    async def scenario() -> list[tuple[int, int]]:
+        store = virtual_store()
+        store.enqueue("orders", {"n": 1})
+        settings = RelaySettings(lease_seconds=3600, heartbeat_interval=heartbeat)
+
+        class Slow(RecordingPublisher):
+            async def publish(self, messages: Sequence[Message]) -> Sequence[PublishError | None]:
+                await asyncio.sleep(600)  # in flight for ten minutes
+                return await super().publish(messages)
+
+        relay = Relay(store, Slow(), settings)
+        running = asyncio.create_task(relay.run())
+        seen = []
+        for _ in range(300):
+            await asyncio.sleep(1.7)
+            stats = await store.stats()
+            seen.append((len(stats.relays), stats.unowned_in_flight))
+        relay.stop()
+        await running
+        return seen
+
+    seen = on_virtual_time(scenario)
+    assert set(seen[3:]) == {(1, 0)}

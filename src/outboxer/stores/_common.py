@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from outboxer import ports
+from outboxer.config import LIVE_SECONDS
 from outboxer.errors import (
     ConfigurationError,
     HandlerEndedTransaction,
@@ -364,7 +365,7 @@ class DeadLetterViews:
         """Those of ``ids`` (at most 1,000) in the dead-letter table."""
         raise NotImplementedError
 
-    async def stats(self, *, live_seconds: float = 15.0) -> OutboxStats:
+    async def stats(self, *, live_seconds: float = LIVE_SECONDS) -> OutboxStats:
         return outbox_stats(*await self._stats_rows(live_seconds))
 
     async def known_dead_letter_ids(self, ids: Sequence[str]) -> set[str]:
