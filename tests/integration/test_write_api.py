@@ -1433,6 +1433,40 @@ async def test_psycopg_in_another_client_encoding_writes_what_enqueue_writes(
 
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_text_a_client_encoding_cannot_carry_is_refused_and_writes_nothing(
+    pg_url: str, pg_store: PostgresStore, is_async: bool
+) -> None:
+    """Found by a probe: on a LATIN1 connection a key, topic, type or id outside LATIN1 raised
+    psycopg's UnicodeEncodeError at its row of ``executemany``, after the rows before it were
+    written: a caller that caught it and committed stored part of the batch."""
+    outbox = outboxer.Outbox(schema=pg_store.names.schema)
+    good = {"topic": "t", "payload": {"n": 1}, "key": "clé"}
+    bad_calls = [{"key": "ключ"}, {"topic": "тема"}, {"type": "Создан"}, {"id": "идентификатор"}]
+    kept = []
+    if is_async:
+        async with await psycopg.AsyncConnection.connect(pg_url, client_encoding="LATIN1") as a:
+            kept.append(await outbox.enqueue_async(a, **good))
+            for bad in bad_calls:
+                with pytest.raises(ConfigurationError, match="client encoding LATIN1"):
+                    await outbox.enqueue_async(a, **{**good, **bad})
+                for size in (6, 1500):
+                    with pytest.raises(ConfigurationError, match=rf"^message {size - 1}: "):
+                        await outbox.enqueue_many_async(a, [good] * (size - 1) + [{**good, **bad}])
+            kept += await outbox.enqueue_many_async(a, [good, good])
+    else:
+        with psycopg.connect(pg_url, client_encoding="LATIN1") as conn:
+            kept.append(outbox.enqueue(conn, **good))
+            for bad in bad_calls:
+                with pytest.raises(ConfigurationError, match="client encoding LATIN1"):
+                    outbox.enqueue(conn, **{**good, **bad})
+                for size in (6, 1500):
+                    with pytest.raises(ConfigurationError, match=rf"^message {size - 1}: "):
+                        outbox.enqueue_many(conn, [good] * (size - 1) + [{**good, **bad}])
+            kept += outbox.enqueue_many(conn, [good, good])  # the transaction goes on
+    assert await pending_ids(pg_store) == set(kept)
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 async def test_psycopg_with_raw_cursors_writes(
     pg_url: str, pg_store: PostgresStore, is_async: bool
 ) -> None:

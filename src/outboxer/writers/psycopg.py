@@ -21,6 +21,7 @@ import psycopg
 from psycopg import pq
 
 from outboxer.config import TableNames
+from outboxer.errors import ConfigurationError
 from outboxer.message import Row
 from outboxer.writers import columns, finish, insert_into
 from outboxer.writers.pgcopy import COPIED, STREAM_SAVEPOINT, UNDO_STREAM, copy_chunks, copy_data
@@ -51,6 +52,30 @@ def _copies(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
 
 def _can_copy(conn: psycopg.Connection | psycopg.AsyncConnection, rows: Sequence[Row]) -> bool:
     return _copies(conn) and all(row.available_at is None for row in rows)
+
+
+def _check_encoding(
+    conn: psycopg.Connection | psycopg.AsyncConnection, rows: Sequence[Row], *, numbered: bool
+) -> None:
+    """ConfigurationError, before any SQL, for a row whose text the connection's client
+    encoding cannot carry (a key 'ключ' on a LATIN1 connection): psycopg raised
+    UnicodeEncodeError at that row of ``executemany``, the rows before it already written."""
+    encoding = conn.info.encoding
+    if encoding == "utf-8":
+        return
+    for n, row in enumerate(rows):
+        for what in ("id", "topic", "key", "type", "headers"):
+            value = getattr(row, what)
+            try:
+                if value is not None:
+                    value.encode(encoding)
+            except UnicodeEncodeError:
+                name = conn.info.parameter_status("client_encoding") or encoding
+                raise ConfigurationError(
+                    f"{f'message {n}: ' if numbered else ''}{what} {value!r} cannot be sent "
+                    f"in the connection's client encoding {name}: connect with "
+                    "client_encoding=UTF8"
+                ) from None
 
 
 def _cursor(conn: psycopg.Connection) -> psycopg.Cursor:
@@ -98,6 +123,7 @@ class PsycopgWriter:
     ) -> None:
         if isinstance(conn, psycopg.Cursor):
             conn = conn.connection
+        _check_encoding(conn, [row], numbered=False)
         with _cursor(conn) as cursor:
             cursor.execute(_insert(names), row)
 
@@ -106,6 +132,7 @@ class PsycopgWriter:
     ) -> None:
         if isinstance(conn, psycopg.Cursor):
             conn = conn.connection
+        _check_encoding(conn, rows, numbered=True)
         with _cursor(conn) as cursor:
             if not _can_copy(conn, rows):
                 cursor.executemany(_insert(names), rows)
@@ -155,6 +182,7 @@ class AsyncPsycopgWriter:
     ) -> None:
         if isinstance(conn, psycopg.AsyncCursor):
             conn = conn.connection
+        _check_encoding(conn, [row], numbered=False)
         async with _async_cursor(conn) as cursor:
             await cursor.execute(_insert(names), row)
 
@@ -166,6 +194,7 @@ class AsyncPsycopgWriter:
     ) -> None:
         if isinstance(conn, psycopg.AsyncCursor):
             conn = conn.connection
+        _check_encoding(conn, rows, numbered=True)
         async with _async_cursor(conn) as cursor:
             if not _can_copy(conn, rows):
                 await cursor.executemany(_insert(names), rows)
