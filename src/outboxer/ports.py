@@ -686,6 +686,11 @@ class MessageReader(Protocol):
         reach :data:`PAGE_PAYLOAD_BYTES` (then ``next_cursor`` goes on)."""
         ...
 
+    async def known_message_ids(self, ids: Sequence[str]) -> set[str]:
+        """Those of ``ids`` that name a message in the outbox (what a replay left where it was:
+        a dead letter whose id is back in the outbox), in a round trip per 1,000."""
+        ...
+
     async def get_message(self, message_id: str) -> OutboxMessage:
         """One message still in the outbox; raises ``NotFound``."""
         ...
@@ -702,14 +707,10 @@ async def replay_skipped(store: AdminStore, flt: DeadLetterFilter) -> list[str]:
     replayed; one written since the replay, with no such message, is not counted)."""
     if flt.direction == "consume":
         return []
-    left: list[str] = []
-    for dead_letter_id in await dead_letter_ids(store, replace(flt, direction="publish")):
-        try:
-            await store.get_message(dead_letter_id)
-        except NotFound:
-            continue
-        left.append(dead_letter_id)
-    return left
+    # one round trip per 1,000 (a get_message each took 7 s for 20,000 left; a probe)
+    left = await dead_letter_ids(store, replace(flt, direction="publish"))
+    back = await store.known_message_ids(left)
+    return [dead_letter_id for dead_letter_id in left if dead_letter_id in back]
 
 
 @runtime_checkable

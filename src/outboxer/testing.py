@@ -409,6 +409,9 @@ class InMemoryStore:
         known = {i for i, _ in self._dead}
         return {i for i in ids if i in known}
 
+    async def known_message_ids(self, ids: Sequence[str]) -> set[str]:
+        return {i for i in ids if i in self._rows}
+
     async def get_dead_letter(
         self, dead_letter_id: str, direction: ports.Direction | None = None
     ) -> DeadLetter:

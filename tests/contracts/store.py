@@ -376,6 +376,15 @@ class StoreContract:
         many = [f"x{n}" for n in range(2500)] + [ids[1]]  # more than one query's worth
         assert await store.known_dead_letter_ids(many) == {ids[1]}
 
+    async def test_known_message_ids_are_those_in_the_outbox(self, store: Store, add: Add) -> None:
+        dead = await self._dead_letters(store, add, 1)
+        pending = [await add("t", {"n": n}) for n in range(2)]
+        asked = [pending[0], "nope", dead[0], pending[0], pending[1], "", "é'\\%s"]
+        assert await store.known_message_ids(asked) == set(pending)
+        assert await store.known_message_ids([]) == set()
+        many = [f"x{n}" for n in range(2500)] + [pending[1]]  # more than one query's worth
+        assert await store.known_message_ids(many) == {pending[1]}
+
     async def test_purge_deletes(self, store: Store, add: Add) -> None:
         ids = await self._dead_letters(store, add, 3)
         assert await store.purge_dead_letters(DeadLetterFilter(ids=[ids[0], "nope"])) == [ids[0]]

@@ -361,18 +361,26 @@ class DeadLetterViews:
         dialect's ``list_dead_letters`` query, see :func:`page_rows`)."""
         raise NotImplementedError
 
-    async def _known_ids(self, ids: Sequence[str]) -> list[str]:
-        """Those of ``ids`` (at most 1,000) in the dead-letter table."""
+    async def _known_ids(self, query: str, ids: Sequence[str]) -> list[str]:
+        """Those of ``ids`` (at most 1,000) that the dialect's ``query`` finds (the
+        ``known_dead_letter_ids`` or ``known_message_ids`` of ``sql/queries.sql``)."""
         raise NotImplementedError
 
     async def stats(self, *, live_seconds: float = LIVE_SECONDS) -> OutboxStats:
         return outbox_stats(*await self._stats_rows(live_seconds))
 
     async def known_dead_letter_ids(self, ids: Sequence[str]) -> set[str]:
+        return await self._known("known_dead_letter_ids", ids)
+
+    async def known_message_ids(self, ids: Sequence[str]) -> set[str]:
+        # Here, with the dead letters: what a replay left where it was (an id back in the outbox)
+        return await self._known("known_message_ids", ids)
+
+    async def _known(self, query: str, ids: Sequence[str]) -> set[str]:
         wanted = list(dict.fromkeys(ids))
         found: set[str] = set()
         for start in range(0, len(wanted), 1000):
-            found.update(await self._known_ids(wanted[start : start + 1000]))
+            found.update(await self._known_ids(query, wanted[start : start + 1000]))
         return found
 
     async def list_dead_letters(

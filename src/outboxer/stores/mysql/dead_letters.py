@@ -82,9 +82,9 @@ class MysqlDeadLetters(MysqlPart, DeadLetterViews):
             rows = await fetch_all(conn, self.q["list_dead_letters"], args)
         return [text_row(r) for r in rows]
 
-    async def _known_ids(self, ids: Sequence[str]) -> list[str]:
+    async def _known_ids(self, query: str, ids: Sequence[str]) -> list[str]:
         async with self.db.connection() as conn:
-            rows = await fetch_all(conn, self.q["known_dead_letter_ids"], {"ids": tuple(ids)})
+            rows = await fetch_all(conn, self.q[query], {"ids": tuple(ids)})
         return [text_row(r)["id"] for r in rows]
 
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:

@@ -48,9 +48,9 @@ class PostgresDeadLetters(PostgresPart, DeadLetterViews):
                 )
             )
 
-    async def _known_ids(self, ids: Sequence[str]) -> list[str]:
+    async def _known_ids(self, query: str, ids: Sequence[str]) -> list[str]:
         async with self.db.connection() as conn:
-            return [r["id"] for r in await conn.fetch(self.q["known_dead_letter_ids"], ids)]
+            return [r["id"] for r in await conn.fetch(self.q[query], ids)]
 
     async def replay_dead_letters(self, flt: DeadLetterFilter) -> list[str]:
         # Consume dead letters are re-driven to their consumer instead (see docs/inbox.md); both

@@ -48,10 +48,10 @@ class SqliteDeadLetters(SqlitePart, DeadLetterViews):
         ):
             return list(await cur.fetchall())
 
-    async def _known_ids(self, ids: Sequence[str]) -> list[str]:
+    async def _known_ids(self, query: str, ids: Sequence[str]) -> list[str]:
         async with (
             self.db.connection() as conn,
-            conn.execute(self.q["known_dead_letter_ids"], {"ids": json.dumps(ids)}) as cur,
+            conn.execute(self.q[query], {"ids": json.dumps(ids)}) as cur,
         ):
             return [r["id"] for r in await cur.fetchall()]
 

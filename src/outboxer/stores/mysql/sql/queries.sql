@@ -313,6 +313,9 @@ ORDER BY r.started_at
 -- name: known_dead_letter_ids
 SELECT id FROM {dead_letters} WHERE id IN %(ids)s
 
+-- name: known_message_ids
+SELECT id FROM {outbox} WHERE id IN %(ids)s
+
 -- name: list_dead_letters
 -- The filters: NULL matches everything. by_id is a constant once the driver has interpolated
 -- the parameters, so the server folds "NOT 0 OR ..." away and uses the id index when it is 1.

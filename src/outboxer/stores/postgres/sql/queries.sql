@@ -441,6 +441,9 @@ ORDER BY r.started_at
 -- name: known_dead_letter_ids
 SELECT id FROM {dead_letters} WHERE id = ANY($1::text[])
 
+-- name: known_message_ids
+SELECT id FROM {outbox} WHERE id = ANY($1::text[])
+
 -- name: list_dead_letters
 -- A page ends after $6 rows, or earlier once the payloads before a row reach $7 bytes
 -- (outboxer.ports.PAGE_PAYLOAD_BYTES): a list never carries an unbounded sum of payloads into

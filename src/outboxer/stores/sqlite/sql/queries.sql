@@ -240,6 +240,9 @@ AND (:direction IS NULL OR direction = :direction)
 -- name: known_dead_letter_ids
 SELECT id FROM {dead_letters} WHERE id IN (SELECT value FROM json_each(:ids))
 
+-- name: known_message_ids
+SELECT id FROM {outbox} WHERE id IN (SELECT value FROM json_each(:ids))
+
 -- name: list_dead_letters
 -- See the PostgreSQL query of the same name: the walk with its LIMIT reads only the payloads'
 -- sizes, the page ends early once the payloads before a row reach :budget bytes, only the
