@@ -4,18 +4,20 @@ offsets are committed only after the inbox transaction."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 
 import pytest
 from confluent_kafka import Producer
 
-from outboxer.brokers.kafka import KafkaConsumerSettings
+from outboxer.brokers.kafka import KafkaConsumer, KafkaConsumerSettings
 from outboxer.brokers.kafka.publisher import KafkaPublisher
 from outboxer.brokers.kafka.wire import header_encoder
 from outboxer.errors import ConfigurationError
 from outboxer.message import Message
+from tests.conftest import unique_name
 from tests.contracts.consumer import ConsumerContract, Prepare, Publish
-from tests.tansu import create_topic, kafka_bootstrap  # noqa: F401 - the fixture
+from tests.tansu import TansuBroker, create_topic, free_port, kafka_bootstrap  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -88,3 +90,63 @@ def test_fetch_wait_defaults_to_100_ms_and_a_bad_value_is_refused_in_one_line() 
         with pytest.raises(ConfigurationError, match="fetch_wait_max_ms") as refused:
             config(f"?fetch_wait_max_ms={bad}")
         assert "\n" not in str(refused.value)
+
+
+async def test_an_unreachable_broker_is_one_warning_not_one_per_reconnect(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While no broker answers, librdkafka reports every failed reconnect (about 20 a second
+    here): the consumer warns once when the outage begins and once when it ends, the rest at
+    DEBUG (a probe: it logged each one as a WARNING, ~1,200 lines a minute)."""
+    caplog.set_level(logging.DEBUG, logger="outboxer.consumer.kafka")
+    port = free_port()
+    url = f"kafka://127.0.0.1:{port}?session_timeout_ms=3000&heartbeat_interval_ms=300"
+    topic = unique_name("topic")
+    settings = KafkaConsumerSettings.from_url(url, name=unique_name("g"), topics=[topic])
+
+    def lines(level: int) -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "outboxer.consumer.kafka" and r.levelno == level
+        ]
+
+    async def deliver(messages: Sequence[Message]) -> None:
+        return None
+
+    async def until(check: Callable[[], bool], what: str) -> None:
+        deadline = asyncio.get_running_loop().time() + 30
+        while not check():
+            assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.05)
+
+    stop = asyncio.Event()
+    broker = TansuBroker(port)
+    try:
+        async with KafkaConsumer(settings) as consumer:
+            running = asyncio.create_task(consumer.run(deliver, stop))
+            try:
+                await until(
+                    lambda: len(lines(logging.DEBUG) + lines(logging.WARNING)) >= 20,
+                    "20 failed reconnects",
+                )
+                await asyncio.to_thread(broker.start)
+                await asyncio.to_thread(create_topic, broker.bootstrap, topic, 1)
+                await until(
+                    lambda: any("reachable again" in line for line in lines(logging.WARNING)),
+                    "the consumer to reach the broker",
+                )
+            finally:
+                stop.set()
+                await asyncio.wait_for(running, 15)
+    finally:
+        await asyncio.to_thread(broker.stop)  # after the consumer left the group
+    warnings = [
+        line
+        for line in lines(logging.WARNING) + lines(logging.ERROR)
+        if "does not exist (yet)" not in line  # before the test created it: said once
+    ]
+    assert len(warnings) == 2, warnings
+    assert "no Kafka broker reachable" in warnings[0], warnings
+    assert "reachable again" in warnings[1], warnings
+    assert f"127.0.0.1:{port}" in warnings[0]

@@ -39,6 +39,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -65,6 +66,13 @@ _MISSING_TOPIC = frozenset(
 )
 #: How long one ``consume`` call may block: the longest delay before a stop is noticed.
 _POLL_SECONDS = 0.5
+#: One broker cannot be reached: librdkafka reports every failed reconnect (many a second).
+_CONNECTION_ERRORS = frozenset(
+    getattr(KafkaError, name) for name in ("_TRANSPORT", "_RESOLVE", "_SSL", "_AUTHENTICATION")
+)
+_ALL_BROKERS_DOWN: int = getattr(KafkaError, "_ALL_BROKERS_DOWN")  # noqa: B009
+#: Seconds without "all brokers down" after which the next one starts a new outage.
+_OUTAGE_QUIET_SECONDS = 30.0
 
 
 class KafkaConsumer:
@@ -80,6 +88,10 @@ class KafkaConsumer:
         self._client: Consumer | None = None
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._missing_topics: set[str] = set()
+        #: When the current outage began and last reported itself ("all brokers down").
+        self._unreachable_since: float | None = None
+        self._unreachable_last = 0.0
+        self._last_error: str | None = None
 
     def __repr__(self) -> str:
         return (
@@ -135,10 +147,43 @@ class KafkaConsumer:
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
             log.error("Kafka consumer failed for good: %s", error)
+        elif error.code() in _CONNECTION_ERRORS:
+            # librdkafka reports every failed reconnect, many a second while a broker is down;
+            # it fails over to the other brokers by itself: the detail is for the outage line.
+            self._last_error = error.str()
+            log.debug("Kafka consumer: %s", error)
+        elif error.code() == _ALL_BROKERS_DOWN:
+            # Once when the outage begins (and once when it ends, see _reachable); librdkafka
+            # repeats it every few seconds meanwhile.
+            now = time.monotonic()
+            if (
+                self._unreachable_since is None
+                or now - self._unreachable_last > _OUTAGE_QUIET_SECONDS
+            ):
+                self._unreachable_since = now
+                log.warning(
+                    "no Kafka broker reachable at %s (%s): the consumer keeps trying",
+                    self.settings.connection.safe_url(),
+                    self._last_error or error.str(),
+                )
+            else:
+                log.debug("Kafka consumer: %s", error)
+            self._unreachable_last = now
         else:
             log.warning("Kafka consumer: %s", error)
 
+    def _reachable(self) -> None:
+        """The brokers answered (an assignment, records): the outage, if any, ended."""
+        since, self._unreachable_since = self._unreachable_since, None
+        if since is not None:
+            log.warning(
+                "Kafka at %s reachable again after %.0f s",
+                self.settings.connection.safe_url(),
+                time.monotonic() - since,
+            )
+
     def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        self._reachable()
         log.info("assigned %s", ", ".join(f"{p.topic}[{p.partition}]" for p in partitions))
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
@@ -180,6 +225,7 @@ class KafkaConsumer:
                 offsets[(topic, partition)] = max(offset, offsets.get((topic, partition), -1))
             if not messages:
                 continue
+            self._reachable()
             commit = functools.partial(self._commit, client, offsets)
             if not await deliveries.submit(messages, commit):
                 return  # not committed: the group delivers the batch again
