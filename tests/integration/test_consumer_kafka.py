@@ -150,3 +150,14 @@ async def test_an_unreachable_broker_is_one_warning_not_one_per_reconnect(
     assert "no Kafka broker reachable" in warnings[0], warnings
     assert "reachable again" in warnings[1], warnings
     assert f"127.0.0.1:{port}" in warnings[0]
+
+
+@pytest.mark.parametrize("pattern", ["^[", "^x(?=y)"])
+async def test_a_pattern_librdkafka_cannot_compile_is_a_configuration_error(pattern: str) -> None:
+    """A probe: `consume --topic '^['` ended as "unexpected KafkaException: Failed to set
+    subscription: Local: Invalid argument or configuration" (exit 1), naming no topic."""
+    settings = KafkaConsumerSettings.from_url("kafka://127.0.0.1:1", name="g", topics=[pattern])
+    with pytest.raises(ConfigurationError, match="cannot subscribe") as refused:
+        async with KafkaConsumer(settings):
+            pass
+    assert repr(pattern) in str(refused.value) and "\n" not in str(refused.value)

@@ -117,12 +117,21 @@ class KafkaConsumer:
         self._thread = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="outboxer-kafka-consumer"
         )
-        await self._call(
-            client.subscribe,
-            list(self.settings.topics),
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-        )
+        try:
+            await self._call(
+                client.subscribe,
+                list(self.settings.topics),
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+            )
+        except KafkaException as exc:  # e.g. a '^' pattern librdkafka cannot compile
+            await self.__aexit__(None, None, None)
+            error = exc.args[0] if exc.args else exc
+            reason = error.str() if isinstance(error, KafkaError) else str(error)
+            raise ConfigurationError(
+                f"kafka consumer cannot subscribe to {', '.join(map(repr, self.settings.topics))}"
+                f" (a topic starting with ^ is a regular expression): {reason}"
+            ) from None
         log.info(
             "consumer group %r subscribed to %s on %s",
             self.settings.group,
