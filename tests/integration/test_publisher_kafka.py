@@ -520,3 +520,18 @@ async def test_the_producer_id_is_acquired_before_the_first_claim(
     # answer is one round trip away, seen on a loaded machine); never still waiting for a
     # transport or for librdkafka's 500 ms timer (Init, WaitTransport).
     assert states[0] in ("Assigned", "WaitPID"), states
+
+
+async def test_an_invalid_topic_name_is_permanent_and_says_so(
+    kafka_publisher: KafkaPublisher, kafka_topic: str
+) -> None:
+    """A probe: a topic Kafka can never have ("orders created", "..", "ü", 250 characters) was
+    dead-lettered as "does not exist (auto-creation is off: create it …)", which no one can."""
+    invalid = ["orders created", ".", "..", "bestellungen-ü", "x" * 250, "a/b"]
+    results = await kafka_publisher.publish(
+        [make_message(topic, n) for n, topic in enumerate([*invalid, kafka_topic])]
+    )
+    assert results[-1] is None
+    for topic, result in zip(invalid, results, strict=False):
+        assert isinstance(result, PermanentPublishError), (topic, result)
+        assert f"{topic!r} is not a valid Kafka topic name" in str(result)

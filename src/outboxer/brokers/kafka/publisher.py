@@ -69,6 +69,8 @@ a producer queue that stays full for ``delivery_timeout``
 topic does not exist: ``UNKNOWN_TOPIC_OR_PART`` after the metadata      ``PermanentPublishError``
 lacked it for ``missing_topic_timeout``, ``_UNKNOWN_TOPIC``,            (text names the topic)
 ``_UNKNOWN_PARTITION``; invalid topic name (``TOPIC_EXCEPTION``)
+a topic name Kafka cannot have (``a-z A-Z 0-9 . _ -``, 1 to 249, not   ``PermanentPublishError``
+``.``/``..``): refused before ``produce``, the text says so
 record too large (``MSG_SIZE_TOO_LARGE``, ``RECORD_LIST_TOO_LARGE``),   ``PermanentPublishError``
 ``INVALID_RECORD``, ``TOPIC_AUTHORIZATION_FAILED``,
 ``POLICY_VIOLATION``, ``UNSUPPORTED_FOR_MESSAGE_FORMAT``, a key or
@@ -95,6 +97,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -190,6 +193,8 @@ _BREAKS_PRODUCER = _codes(
     "_MSG_TIMED_OUT", "_ALL_BROKERS_DOWN", "_FATAL", "_FENCED", "PRODUCER_FENCED", "_DESTROY"
 )
 _PURGED = _codes("_PURGE_QUEUE", "_PURGE_INFLIGHT")
+#: What Kafka accepts as a topic name; librdkafka reports others as missing ("create it").
+_LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -455,6 +460,8 @@ class KafkaPublisher:
         self._started = 0
         self._closed = False
         self._encode_headers = header_encoder(settings.source)
+        #: Topic names checked legal (few: a set lookup per record instead of a regex).
+        self._valid_topics: set[str] = set()
 
     @classmethod
     def from_url(cls, url: str) -> KafkaPublisher:
@@ -540,7 +547,19 @@ class KafkaPublisher:
         produce = producer.client.produce
         delivered = batch.delivered
         encode_headers = self._encode_headers
+        valid_topics = self._valid_topics
         for index, message in enumerate(batch.messages):
+            if message.topic not in valid_topics:
+                if not _LEGAL_TOPIC.fullmatch(message.topic) or message.topic in (".", ".."):
+                    batch.failed(
+                        index,
+                        PermanentPublishError(
+                            f"{message.topic!r} is not a valid Kafka topic name (1 to 249 of "
+                            "a-z A-Z 0-9 . _ -, not '.' or '..')"
+                        ),
+                    )
+                    continue
+                valid_topics.add(message.topic)
             headers = encode_headers(message)
             callback = functools.partial(delivered, index)
             while True:
