@@ -198,6 +198,11 @@ def test_kafka_topics_are_created_once_and_a_partition_mismatch_is_refused(
         (["--broker", BASE, "--topic", "t"], ["--topic is for Kafka"]),
         (["--broker", "nats://127.0.0.1:4222"], ["nothing to set up for nats://"]),
         (["--broker", "kafka://127.0.0.1:9092", "--topic", "t", "--partitions", "0"], ["0"]),
+        # A probe: Tansu created 'a b', which the relay then dead-letters; Kafka refuses it.
+        (
+            ["--broker", "kafka://127.0.0.1:9092", "--topic", "ok", "--topic", "a b"],
+            ["'a b' is not a valid Kafka topic name"],
+        ),
     ],
 )
 def test_options_of_the_other_broker_are_refused(

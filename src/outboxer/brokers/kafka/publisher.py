@@ -97,7 +97,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import re
 import threading
 import time
 from collections.abc import Sequence
@@ -106,7 +105,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outboxer.brokers.kafka._client_log import client_log as quiet_client_log
-from outboxer.brokers.kafka.settings import KafkaSettings
+from outboxer.brokers.kafka.settings import KafkaSettings, invalid_topic_name
 from outboxer.brokers.kafka.wire import header_encoder
 from outboxer.errors import (
     BrokerUnavailable,
@@ -193,8 +192,6 @@ _BREAKS_PRODUCER = _codes(
     "_MSG_TIMED_OUT", "_ALL_BROKERS_DOWN", "_FATAL", "_FENCED", "PRODUCER_FENCED", "_DESTROY"
 )
 _PURGED = _codes("_PURGE_QUEUE", "_PURGE_INFLIGHT")
-#: What Kafka accepts as a topic name; librdkafka reports others as missing ("create it").
-_LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -550,14 +547,9 @@ class KafkaPublisher:
         valid_topics = self._valid_topics
         for index, message in enumerate(batch.messages):
             if message.topic not in valid_topics:
-                if not _LEGAL_TOPIC.fullmatch(message.topic) or message.topic in (".", ".."):
-                    batch.failed(
-                        index,
-                        PermanentPublishError(
-                            f"{message.topic!r} is not a valid Kafka topic name (1 to 249 of "
-                            "a-z A-Z 0-9 . _ -, not '.' or '..')"
-                        ),
-                    )
+                invalid = invalid_topic_name(message.topic)
+                if invalid is not None:
+                    batch.failed(index, PermanentPublishError(invalid))
                     continue
                 valid_topics.add(message.topic)
             headers = encode_headers(message)

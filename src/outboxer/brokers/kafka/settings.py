@@ -8,6 +8,7 @@ options (``session_timeout_ms``, ``heartbeat_interval_ms``, ``max_poll_interval_
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ __all__ = [
     "SPEC",
     "KafkaConsumerSettings",
     "KafkaSettings",
+    "invalid_topic_name",
 ]
 
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -67,6 +69,20 @@ SPEC = urls.UrlSpec(
     options=(*CONNECTION_OPTIONS, *CONSUMER_OPTIONS),
     example="kafka://127.0.0.1:9092",
 )
+
+_LEGAL_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def invalid_topic_name(topic: str) -> str | None:
+    """Why Kafka can never have a topic of this name, or None when it can (librdkafka reports
+    such a topic as missing, as if creating it would help)."""
+    if _LEGAL_TOPIC.fullmatch(topic) and topic not in (".", ".."):
+        return None
+    return (
+        f"{topic!r} is not a valid Kafka topic name (1 to 249 of a-z A-Z 0-9 . _ -, "
+        "not '.' or '..')"
+    )
+
 
 #: librdkafka properties the adapter's guarantees rest on: ``extra`` may not change them.
 _PROTECTED = frozenset(

@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from outboxer.brokers.kafka._client_log import client_log
-from outboxer.brokers.kafka.settings import KafkaSettings
+from outboxer.brokers.kafka.settings import KafkaSettings, invalid_topic_name
 from outboxer.errors import BrokerUnavailable, ConfigurationError
 
 __all__ = ["create_topics"]
@@ -38,6 +38,10 @@ def create_topics(settings: KafkaSettings, topics: Sequence[str], partitions: in
         BrokerUnavailable: Kafka cannot be reached or refuses the request (authorization).
     """
     where = settings.safe_url()
+    for topic in topics:  # some brokers (Tansu) create them, and the relay refuses them then
+        invalid = invalid_topic_name(topic)
+        if invalid is not None:
+            raise ConfigurationError(invalid)
     config: dict[str, Any] = settings.connection_config()
     config["logger"] = client_log(f"{__name__}.librdkafka")
     admin = AdminClient(config)
