@@ -161,3 +161,11 @@ async def test_a_pattern_librdkafka_cannot_compile_is_a_configuration_error(patt
         async with KafkaConsumer(settings):
             pass
     assert repr(pattern) in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("topic", ["..", "orders/eu", "bestellungen-ü", "x" * 250])
+def test_a_topic_name_kafka_cannot_have_is_refused_at_start(topic: str) -> None:
+    """A probe: `consume --topic ..` ran for good, saying the topic "does not exist (yet)"."""
+    with pytest.raises(ConfigurationError, match="not a valid Kafka topic name") as refused:
+        KafkaConsumerSettings.from_url("kafka://127.0.0.1:1", name="g", topics=["ok", topic])
+    assert "\n" not in str(refused.value)

@@ -300,6 +300,10 @@ class KafkaConsumerSettings:
 
     def __post_init__(self) -> None:
         check_subscription("kafka", self.group, self.topics, "topic")
+        for topic in self.topics:
+            invalid = None if topic.startswith("^") else invalid_topic_name(topic)
+            if invalid is not None:  # librdkafka would wait for it to exist, for ever
+                raise ConfigurationError(f"kafka consumer: {invalid}")
         if self.auto_offset_reset not in ("earliest", "latest"):
             raise ConfigurationError(
                 f"kafka URL: auto_offset_reset={self.auto_offset_reset!r}: use earliest or latest"
