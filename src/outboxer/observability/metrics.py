@@ -311,16 +311,20 @@ class PrometheusRelayObserver(NoopObserver):
     def _child(self, topic: str, outcome: str) -> Any:
         child = self._children.get((topic, outcome))
         if child is None:
-            label = topic
             if topic not in self._topics:
                 if len(self._topics) < self.max_topics:
                     self._topics.add(topic)
                 else:
-                    label = OTHER_TOPICS
+                    # Not remembered by its own name: a relay meeting a new topic per tenant
+                    # for weeks would otherwise keep one entry per topic ever seen (a probe).
+                    topic = OTHER_TOPICS
+                    child = self._children.get((topic, outcome))
+                    if child is not None:
+                        return child
             if outcome == "published":
-                child = self.published_total.labels(label, self.broker)
+                child = self.published_total.labels(topic, self.broker)
             else:
-                child = self.failed_total.labels(label, self.broker, outcome)
+                child = self.failed_total.labels(topic, self.broker, outcome)
             self._children[(topic, outcome)] = child
         return child
 
