@@ -51,6 +51,34 @@ def test_json_line_has_time_level_logger_message_and_extra_fields() -> None:
     assert "relay_id" not in body
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1", "ascii"])
+def test_a_json_line_stays_one_valid_line_whatever_the_ids_and_the_stream_encoding(
+    encoding: str,
+) -> None:
+    """An id with U+2028, NEL (``\\x85``) or an emoji was written raw: ``splitlines()`` (as
+    a Python log reader does) cut the line in two, and on a stderr that is not UTF-8 (as
+    Python's stderr does, ``backslashreplace``) it became ``\\U0001f600`` and ``\\x85``, escapes
+    JSON has not (a probe)."""
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding=encoding, errors="backslashreplace")
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    hostile = "id\u2028WARNING forged\x85\u2029\U0001f600\u202e é\udc80"
+    logger = logging.getLogger("outboxer.test.encoding")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.warning("dead-lettered: %s", hostile, extra={"message_ids": [hostile]})
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+    stream.flush()
+    [line] = raw.getvalue().decode(encoding).splitlines()
+    body = json.loads(line)
+    assert body["message"] == f"dead-lettered: {hostile}"
+    assert body["message_ids"] == [hostile]
+
+
 def test_a_text_line_escapes_the_control_characters_of_its_message() -> None:
     """A broker's failure reason (or an id) holding an escape sequence or a newline was
     written raw: it recoloured the terminal or forged a line of its own (a probe)."""

@@ -105,7 +105,10 @@ class JsonFormatter(logging.Formatter):
             body["exception"] = redact(self.formatException(record.exc_info))
         if record.stack_info:
             body["stack"] = redact(self.formatStack(record.stack_info))
-        return json.dumps(body, ensure_ascii=False, default=str)
+        # ASCII only: a line stays one valid JSON line on a stderr that is not UTF-8 (whose
+        # backslashreplace would write ``\U0001f600``, no JSON escape) and for readers that
+        # also split lines at U+2028 or NEL (``str.splitlines``); the text decodes unchanged.
+        return json.dumps(body, ensure_ascii=True, default=str)
 
 
 def configure_logging(level: str = "INFO", fmt: str = "text", stream: TextIO | None = None) -> None:
