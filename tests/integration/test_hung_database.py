@@ -168,6 +168,53 @@ async def test_a_relay_stops_in_bounded_time_while_the_database_does_not_answer(
             await asyncio.wait_for(running, 15)
 
 
+async def test_a_relay_stops_in_bounded_time_while_its_sweep_hangs(
+    pg_url: str, pg_schema: str
+) -> None:
+    """Found by a full-suite run: a relay stopped while its sweep was inside its transaction,
+    on a database that stopped answering, waited for the sweeper's cancellation, whose cleanup
+    (the transaction's rollback) lasted until the command timeout. The stop now waits for that
+    cleanup a bounded time, then cuts it, as for the claim and the hand-back."""
+    async with TcpProxy("127.0.0.1", 5432) as proxy:
+        url = f"postgresql://root@127.0.0.1:{proxy.port}/test?command_timeout=30&connect_timeout=30"
+        async with open_store(url, TableNames(schema=pg_schema)) as store:
+            await store.migrate()
+            swept = asyncio.Event()
+            sweep = store.sweep
+
+            async def watched(**options: Any) -> Any:
+                swept.set()
+                return await sweep(**options)
+
+            store.sweep = watched  # type: ignore[method-assign]
+            settings = RelaySettings(shutdown_timeout=0.5, sweep_interval=0.1)
+            relay = Relay(store, RecordingPublisher(), settings)
+            running = asyncio.create_task(relay.run())
+            await asyncio.wait_for(swept.wait(), 20)
+            locker = await asyncpg.connect(pg_url)
+            try:
+                # The next sweep takes its lock, then waits for the dead letters' table
+                await locker.execute("BEGIN")
+                await locker.execute(
+                    f"LOCK TABLE {pg_schema}.outbox_dead_letters IN ACCESS EXCLUSIVE MODE"
+                )
+                waiting = (
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted"
+                    f" AND relation = '{pg_schema}.outbox_dead_letters'::regclass"
+                )
+                for _ in range(200):  # until a sweep waits for it, in its transaction
+                    if await locker.fetchval(waiting):
+                        break
+                    await asyncio.sleep(0.05)
+                assert await locker.fetchval(waiting)
+                await proxy.pause()  # and now nothing it sends is answered
+                relay.stop()
+                # the claim's 2 s, the sweeper's 2 s, the sign-off's 2 s: not 30 s
+                await asyncio.wait_for(running, 15)
+            finally:
+                await locker.close()
+
+
 async def test_a_busy_relay_stops_in_bounded_time_while_its_claim_is_held(
     pg_url: str, pg_schema: str
 ) -> None:

@@ -49,7 +49,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -333,9 +333,9 @@ class Relay:
             await self._finish_in_flight()
             background = list(self._background.values())
             self._background.clear()
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            # A sweep cancelled in its transaction rolls back, and the rollback waited for a
+            # database that stopped answering for the command timeout (a full-suite run)
+            await _cancel_within(background, _SIGN_OFF_SECONDS)
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(_SIGN_OFF_SECONDS):  # a nicety: bounded
                     await self.store.unregister(self.relay_id)
@@ -583,16 +583,11 @@ class Relay:
         _, pending = await asyncio.wait(
             set(self._in_flight), timeout=self.settings.shutdown_timeout
         )
-        for task in pending:  # each releases its claim when cancelled
-            task.cancel()
-        if pending:
-            # A database that stops answering would hold each hand-back for its command (or
-            # connect) timeout: the stop waits this long for them, then leaves the rest to the
-            # lease's expiry, as after kill -9 (a probe: 22 s past --shutdown-timeout).
-            _, stuck = await asyncio.wait(pending, timeout=_HAND_BACK_SECONDS)
-            for task in stuck:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        # Each releases its claim when cancelled. A database that stops answering would hold
+        # each hand-back for its command (or connect) timeout: the stop waits this long for
+        # them, then leaves the rest to the lease's expiry, as after kill -9 (a probe: 22 s past
+        # --shutdown-timeout).
+        await _cancel_within(pending, _HAND_BACK_SECONDS)
 
     async def _heartbeat_loop(self) -> None:
         """Keep this relay's registry row fresh so ``stats`` shows it live."""
@@ -955,3 +950,17 @@ class Relay:
                     await asyncio.sleep(delay)
         finally:
             self._settling.discard(claim.token)
+
+
+async def _cancel_within(tasks: Collection[asyncio.Task[Any]], seconds: float) -> None:
+    """Cancel ``tasks`` and wait for them to end, giving their cleanup (a hand-back, a
+    rollback: each a round trip to a database that may not answer) at most ``seconds``, then
+    cancelling that too."""
+    if not tasks:
+        return
+    for task in tasks:
+        task.cancel()
+    _, stuck = await asyncio.wait(tasks, timeout=seconds)
+    for task in stuck:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
