@@ -721,15 +721,16 @@ class _Inbox:
             (f for f in self.failures.values() if f.consumer == consumer and f.state == "retrying"),
             key=lambda f: f.seq,
         )
-        due: list[tuple[int, int, _Failure]] = []
+        due: list[tuple[int, dt.datetime, int, _Failure]] = []
         runs: dict[str, list[_Failure]] = {}
-        for failure in mine:  # (as inbox_due: every key's first, then every key's second, ...)
+        for failure in mine:  # (as inbox_due: every key's first, then every key's second, ...;
+            # among those, the one due the longest first)
             key = failure.message.key
             run = [] if key is None else runs.setdefault(key, [])  # an unkeyed one: its own
             run.append(failure)
             if failure.next_attempt_at <= now and run[0].next_attempt_at <= now:
-                due.append((len(run), failure.seq, failure))
-        return [failure for _, _, failure in sorted(due, key=lambda d: d[:2])]
+                due.append((len(run), failure.next_attempt_at, failure.seq, failure))
+        return [d[-1] for d in sorted(due, key=lambda d: d[:3])]
 
     def revive(self, message_id: str) -> None:
         for failure in self.failures.values():

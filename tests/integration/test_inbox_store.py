@@ -391,6 +391,32 @@ class InboxStoreContract:
         assert await redrive() == ["handled"] * 3
         assert [i for i, _ in effects.calls][-3:] == ["m-7", "m-8", "m-9"]
 
+    async def test_keys_failing_again_at_once_do_not_starve_a_fixed_one(
+        self, store: InboxStore, effects: Effects
+    ) -> None:
+        """Found by a probe: a round took the due failures in arrival order, so as many keys
+        failing for good as a round holds, due again at once (a retry delay under the re-drive
+        interval: ``--retry-base 0.1 --retry-factor 1``), filled every round, and a key whose
+        handler had been fixed, failed after them, was never re-driven. Now the failure due
+        the longest goes first."""
+        judge = retry_after(0.001, max_attempts=1000)
+        handler = effects.handler(fail=lambda m, attempt: m.key != "fixed" or attempt == 1)
+        batch = [message(n, key=f"bad{n}") for n in range(3)] + [message(3, key="fixed")]
+        outcomes = [
+            await one(store, "c", m, handler, on_failure=judge, retention_seconds=60) for m in batch
+        ]
+        assert outcomes == ["retrying"] * 4
+        rounds = []
+        for _ in range(3):
+            await asyncio.sleep(0.01)  # (every failure due again)
+            rounds.append(
+                await store.redrive_consume_failures(
+                    "c", handler, on_failure=judge, retention_seconds=60, limit=3
+                )
+            )
+        assert ("m-3", 2) in effects.calls, rounds
+        assert [i for i, a in effects.calls].count("m-3") == 2
+
     async def test_stats_count_each_consumers_retrying_and_waiting_failures(
         self, store: Any, effects: Effects
     ) -> None:

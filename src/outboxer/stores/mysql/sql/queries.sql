@@ -479,9 +479,11 @@ ON DUPLICATE KEY UPDATE
 
 -- name: inbox_due
 -- Due failures of one consumer: of each key, those behind its earliest failure when that one is
--- due; every key's first before any key's second, and so on (then in arrival order), so a key
--- whose first failure another instance holds (a slow handler) takes one place of the round, not
--- all of them. A round re-drives them one after the other, each locked only once nothing
+-- due; every key's first before any key's second, and so on, so a key whose first failure another
+-- instance holds (a slow handler) takes one place of the round, not all of them; among those, the
+-- one due the longest first (then arrival order), so that failures due again at once (a retry
+-- delay under the re-drive interval) cannot fill every round and starve the keys that failed
+-- after them (a probe). A round re-drives them one after the other, each locked only once nothing
 -- earlier of its key is left (inbox_failure_lock): the backlog of a key that was waiting behind
 -- a failure drains a batch per round, not one message per round. An unkeyed failure is a key
 -- of its own.
@@ -493,7 +495,7 @@ SELECT r.message_id FROM (
     WINDOW w AS (PARTITION BY f.`key`, CASE WHEN f.`key` IS NULL THEN f.seq END ORDER BY f.seq)
 ) r
 WHERE r.next_attempt_at <= UTC_TIMESTAMP(6) AND r.head_due_at <= UTC_TIMESTAMP(6)
-ORDER BY r.place, r.seq
+ORDER BY r.place, r.next_attempt_at, r.seq
 LIMIT %(limit)s
 
 -- name: inbox_failure_lock
