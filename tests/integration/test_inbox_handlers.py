@@ -47,6 +47,7 @@ from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore
 from tests.acceptance.conftest import PYTHONPATH
 from tests.conftest import mysql_connect, unique_name
+from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -884,6 +885,51 @@ async def test_the_redrive_loop_outlives_an_unexpected_error(
     assert inbox.counters.handled == 1
     [logged, *_] = [r for r in caplog.records if "a bug" in str(r.exc_info)]
     assert logged.levelname == "ERROR"
+
+
+async def test_the_redrive_loop_backs_off_while_the_database_is_down(
+    pg_store: PostgresStore, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by a probe: while the database was down the re-drive loop tried again (and logged
+    a warning) every ``redrive_interval``: a line a second for the whole outage, a hundred
+    with ``--retry-interval 0.01``. Now it waits the outage backoff, as deliveries do, and
+    re-drives once the database is back."""
+    registry = HandlerRegistry()
+
+    @registry.handler("T")
+    def flaky(message: Message, ctx: HandlerContext) -> None:
+        if ctx.attempt < 2:
+            raise RuntimeError("not yet")
+
+    async with TcpProxy("127.0.0.1", 5432) as proxy:
+        url = f"postgresql://postgres@127.0.0.1:{proxy.port}/test"
+        async with PostgresStore(url, TableNames(schema=pg_schema)) as store:
+            fast = settings(redrive_interval=0.01, outage=Backoff(base=1.0, cap=1.0))
+            inbox = Inbox(store, registry, fast)
+            assert await inbox.receive(event({}, "T")) == "retrying"
+            await proxy.cut()
+            loop = asyncio.create_task(inbox.run_redrives())
+            try:
+                outage = "re-drive of failed consumptions failed"
+
+                async def warned() -> bool:
+                    return any(outage in r.getMessage() for r in caplog.records)
+
+                deadline = time.monotonic() + 10
+                while not await warned() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.5)  # fifty rounds of the re-drive interval
+                lines = [r for r in caplog.records if outage in r.getMessage()]
+                assert len(lines) == 1, [r.getMessage() for r in lines]
+                assert lines[0].levelname == "WARNING" and "retrying in 1 s" in lines[0].message
+                await proxy.restore()
+                deadline = time.monotonic() + 10
+                while not inbox.counters.handled and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                assert not loop.done(), loop.exception()
+            finally:
+                loop.cancel()
+    assert inbox.counters.handled == 1
 
 
 async def test_handler_writes_and_new_outbox_messages_commit_with_the_inbox_row(

@@ -556,17 +556,29 @@ class Inbox:
         """Re-drive due failures until cancelled: every ``redrive_interval``, and at once
         again while something was re-driven (messages waiting behind a key that just got
         unblocked are due at once, so a backlog drains without waiting a round each).
-        Outages and other errors are logged and the loop goes on; it ends only with a
-        :class:`~outboxer.errors.HandlerEndedTransaction` or a
+        Outages (paced by the outage backoff) and other errors are logged and the loop goes
+        on; it ends only with a :class:`~outboxer.errors.HandlerEndedTransaction` or a
         :class:`~outboxer.errors.PermissionDenied`, which retrying would repeat."""
         errors = 0  # unexpected ones in a row
+        outages = 0  # database failures in a row
         while True:
             try:
                 outcomes = await self.redrive()
                 errors = 0
+                if outages:
+                    log.info("re-drives of failed consumptions work again")
+                    outages = 0
             except StoreError as exc:
-                log.warning("re-drive of failed consumptions failed: %s", exc)
-                outcomes = []
+                # The database is down: paced by the outage backoff, as deliveries are, not
+                # every redrive_interval (a line and a connection attempt a second, or a
+                # hundred with --retry-interval 0.01, for the whole outage).
+                outages += 1
+                delay = max(self.settings.redrive_interval, self.settings.outage.delay(outages))
+                log.warning(
+                    "re-drive of failed consumptions failed: %s; retrying in %.3g s", exc, delay
+                )
+                await asyncio.sleep(delay)
+                continue
             except (HandlerEndedTransaction, PermissionDenied):
                 # A bug in a handler that every retry would repeat (and with it whatever the
                 # handler committed), or a role without a privilege: the consumer stops with
