@@ -310,9 +310,12 @@ class RelaySettings:
     max_attempts: int = count(
         3, help="Failed attempts before a message is dead-lettered.", maximum=1000
     )
-    lease_seconds: float = duration(
+    lease_seconds: float = setting(
         30.0,
         help="How long a claim is owned before another relay may take it over (s).",
+        # Shorter, a lease ran out while its own relay was publishing it, and messages were
+        # dead-lettered as killers of the relays that took them back (a probe, 0.003 s).
+        minimum=0.1,
         maximum=3600,
     )
     retry: Backoff = setting(

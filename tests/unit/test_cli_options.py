@@ -133,6 +133,7 @@ def test_nested_backoff_fields_are_flat_options_with_the_documented_names() -> N
         (RelaySettings, {"dead_letter_retention": 1e300}),
         (RelaySettings, {"dead_letter_retention": math.inf}),
         (RelaySettings, {"lease_seconds": math.nan}),
+        (RelaySettings, {"lease_seconds": 0.003}),  # expires while its own relay publishes
         (RelaySettings, {"batch_size": 0}),
         # Written in the registry row and every lease: a store must be able to keep it.
         (RelaySettings, {"relay_id": "r" * 256}),
