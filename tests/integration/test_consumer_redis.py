@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 
 from outboxer.brokers.redis import RedisConsumer, RedisConsumerSettings
 from outboxer.brokers.redis.publisher import RedisPublisher
+from outboxer.errors import ConfigurationError
 from outboxer.message import Message
 from tests.conftest import require_service, unique_name
 from tests.contracts.consumer import ConsumerContract, Prepare, Publish, wait_for
@@ -102,6 +103,43 @@ async def test_a_stream_deleted_under_a_blocked_read_is_consumed_again() -> None
             await running
     finally:
         await client.delete(stream)
+        await client.aclose()
+
+
+@pytest.mark.parametrize("when", ["at-start", "while-reading"])
+async def test_a_topic_whose_key_is_not_a_stream_is_named_in_one_line(when: str) -> None:
+    """A topic's key holds a string (a careless operator, another application): Redis answers
+    ``WRONGTYPE``, which nothing but an operator can fix. The consumer stops with a
+    ``ConfigurationError`` naming the key and what it holds (``consume`` exits 2 in one line),
+    not redis-py's bare ``ResponseError`` naming no key (a probe)."""
+    require_service("Redis", "127.0.0.1", 6379)
+    stream, other = unique_name("ob"), unique_name("ob")
+    consumer = RedisConsumer(
+        RedisConsumerSettings.from_url(f"{REDIS}?block=1", name="svc", topics=[other, stream])
+    )
+    seen: list[str] = []
+
+    async def deliver(batch: Sequence[Message]) -> None:
+        seen.extend(m.id for m in batch)
+
+    client = Redis.from_url(REDIS)
+    try:
+        if when == "at-start":
+            await client.set(stream, "not a stream")
+        else:
+            await client.xadd(stream, {"id": "before", "payload": "x"})
+        async with consumer:
+            running = asyncio.create_task(consumer.run(deliver, asyncio.Event()))
+            if when == "while-reading":
+                await wait_for(lambda: _true(seen == ["before"]), "the first entry")
+                async with client.pipeline(transaction=True) as pipe:
+                    await pipe.delete(stream).set(stream, "not a stream").execute()
+            with pytest.raises(ConfigurationError) as raised:
+                await asyncio.wait_for(running, 10)
+        assert f"Redis key {stream!r} holds a string, not a stream" in str(raised.value)
+        assert "\n" not in str(raised.value)
+    finally:
+        await client.delete(stream, other)
         await client.aclose()
 
 

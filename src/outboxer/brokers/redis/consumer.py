@@ -52,6 +52,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from outboxer.brokers.redis.settings import RedisConsumerSettings
 from outboxer.brokers.redis.wire import decode
+from outboxer.errors import ConfigurationError
 from outboxer.inbox.consumer import Deliver, Deliveries, opened
 from outboxer.message import Message
 
@@ -165,12 +166,30 @@ class RedisConsumer:
                     async with asyncio.timeout(delay):
                         await stop.wait()
             except ResponseError as exc:
+                if str(exc).startswith("WRONGTYPE"):
+                    # A key of a topic holds another type (at start, or replaced meanwhile):
+                    # nothing can be read from it until an operator acts; say which one.
+                    raise await self._not_a_stream(client, exc) from None
                 # NOGROUP: the group (or the stream) is gone; a read blocked on the stream when
                 # it was deleted is answered "UNBLOCKED the stream key no longer exists" instead.
                 if not str(exc).startswith(("NOGROUP", "UNBLOCKED")):
                     raise
                 log.warning("consumer group missing (stream deleted?): creating it again (%s)", exc)
                 self._groups_ready = False
+
+    async def _not_a_stream(self, client: Redis, exc: ResponseError) -> ConfigurationError:
+        """The error naming the topics whose Redis keys hold something else than a stream."""
+        found: list[str] = []
+        with contextlib.suppress(RedisError, OSError):
+            for stream in self.settings.topics:
+                kind = _text(await client.type(stream))
+                if kind not in ("stream", "none"):
+                    found.append(f"{stream!r} holds a {kind}")
+        what = "; ".join(found) or f"one of {', '.join(map(repr, self.settings.topics))} does"
+        return ConfigurationError(
+            f"Redis key {what}, not a stream: consume another topic, or delete or rename that "
+            f"key (redis said: {exc})"
+        )
 
     async def _pending_at_start(self, client: Redis) -> dict[str, str]:
         """Per stream, the newest entry other members had read but not acknowledged when this
