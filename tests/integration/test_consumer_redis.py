@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -104,6 +105,54 @@ async def test_a_stream_deleted_under_a_blocked_read_is_consumed_again() -> None
     finally:
         await client.delete(stream)
         await client.aclose()
+
+
+async def test_pending_entries_trimmed_before_their_ack_are_reported_not_dropped_silently(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A member read two entries and died; the stream was trimmed (``MAXLEN``, ``XTRIM``) before
+    they were taken over. ``XAUTOCLAIM`` then returns them as deleted and drops them from the
+    group: they may never have been handled and nothing can deliver them again. The consumer
+    says so in a warning naming the stream, the count and the ids, instead of nothing (a
+    probe)."""
+    require_service("Redis", "127.0.0.1", 6379)
+    stream = unique_name("ob")
+    client = Redis.from_url(REDIS)
+    seen: list[str] = []
+
+    async def deliver(batch: Sequence[Message]) -> None:
+        seen.extend(m.id for m in batch)
+
+    try:
+        await client.xgroup_create(stream, "svc", id="0", mkstream=True)
+        lost = [_text(await client.xadd(stream, {"id": f"m{i}", "payload": "x"})) for i in (0, 1)]
+        await client.xreadgroup("svc", "dead-member", {stream: ">"}, count=2)
+        await client.xtrim(stream, maxlen=0)
+        await client.xadd(stream, {"id": "after", "payload": "y"})
+        consumer = RedisConsumer(
+            RedisConsumerSettings.from_url(
+                f"{REDIS}?block=1&claim_idle=0.2", name="svc", topics=[stream]
+            )
+        )
+        stop = asyncio.Event()
+        with caplog.at_level(logging.WARNING, logger="outboxer.consumer.redis"):
+            async with consumer:
+                running = asyncio.create_task(consumer.run(deliver, stop))
+                await wait_for(lambda: _true(seen == ["after"] or running.done()), "after")
+                stop.set()
+                await running
+        warnings = [r.message for r in caplog.records if "deleted from the stream" in r.message]
+        assert len(warnings) == 1, caplog.text
+        assert f"2 entries of stream {stream!r}" in warnings[0]
+        assert all(entry_id in warnings[0] for entry_id in lost)
+        assert seen == ["after"]
+    finally:
+        await client.delete(stream)
+        await client.aclose()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 @pytest.mark.parametrize("when", ["at-start", "while-reading"])

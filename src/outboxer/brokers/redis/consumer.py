@@ -272,8 +272,22 @@ class RedisConsumer:
                 )
                 cursor = _text(reply[0])
                 # Entries deleted from the stream meanwhile come back without fields (Redis 6)
-                # or only in the reply's third part (Redis 7); either way there is nothing to do.
+                # or only in the reply's third part (Redis 7): nothing is left to deliver, but
+                # their reader never acknowledged them, so they may never have been handled.
                 claimed = [(stream, _text(i), f) for i, f in reply[1] if f is not None]
+                deleted = [_text(i) for i, f in reply[1] if f is None]
+                if len(reply) > 2:
+                    deleted.extend(_text(i) for i in reply[2] or ())
+                if deleted:
+                    log.warning(
+                        "%d entries of stream %r were deleted from the stream (trimmed by "
+                        "MAXLEN/XTRIM, or XDEL) while pending, before their reader acknowledged "
+                        "them: they may never have been handled and cannot be delivered again "
+                        "(%s); keep streams long enough for the slowest consumer",
+                        len(deleted),
+                        stream,
+                        ", ".join(deleted[:5]) + (", ..." if len(deleted) > 5 else ""),
+                    )
                 if claimed:
                     log.warning(
                         "reclaimed %d unacknowledged entries of stream %r idle for over %g s",
