@@ -392,6 +392,32 @@ async def test_stream_limits_are_classified(
             await js.delete_stream(name)
 
 
+async def test_a_stream_that_never_acknowledges_is_named_and_permanent(
+    js: JetStreamContext, stream: str, topic: str
+) -> None:
+    """A stream created with ``no_ack`` stores what it captures and never sends a PubAck. Each
+    message on it timed out as ``BrokerUnavailable``, so every batch holding one paused the
+    whole relay (5 -> 60 s) for ever, with a warning naming only a timeout. Now the publisher,
+    finding the server answering, asks JetStream, and such a message fails alone, for good,
+    naming the stream and the setting; the message beside it is published (a probe)."""
+    silent = f"{topic}.silent"
+    name = unique_name("OB")
+    await js.add_stream(name=name, subjects=[silent], no_ack=True)
+    try:
+        async with NatsPublisher.from_url(f"{URL}?ack_timeout=0.5") as publisher:
+            results = await publisher.publish(
+                [make_message(topic, 1), make_message(silent, 2), make_message(topic, 3)]
+            )
+            assert _outcome(results) == [None, PermanentPublishError, None]
+            assert f"stream {name!r}" in str(results[1])
+            assert "no_ack" in str(results[1])
+            # The connection answered, so it was kept: the next call needs no reconnect.
+            assert list(await publisher.publish([make_message(topic, 4)])) == [None]
+        assert await _stored(js, stream) == 3
+    finally:
+        await js.delete_stream(name)
+
+
 @pytest.mark.parametrize(
     ("error", "expected"),
     [

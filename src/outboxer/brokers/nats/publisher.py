@@ -65,6 +65,8 @@ Errors, per message unless marked "whole call"::
                                                          acknowledged yet
     no PubAck within ack_timeout                         BrokerUnavailable (the connection is
                                                          probed and replaced if dead)
+    no PubAck, the connection alive, from a stream       PermanentPublishError (it never
+      created with no_ack                                acknowledges anything)
 
 Connection lifecycle: ``__aenter__`` tries to connect once and, if the broker is down, only logs
 a warning, so a relay started before NATS backs off instead of exiting. After a drop nats-py
@@ -402,9 +404,16 @@ class NatsPublisher:
             await asyncio.wait([batch.done], timeout=max(0.0, deadline - loop.time()))
         if batch.outstanding:
             reason = f"no PubAck within {self.settings.ack_timeout:g} s"
+            unanswered = {
+                entry[1]: entry[2]
+                for entry in map(pending.get, batch.tokens)
+                if entry is not None and entry[0] is batch
+            }
             for token in batch.tokens:
                 conn.settle(token, BrokerUnavailable(reason))
             await self._probe(conn)
+            if self._connection is conn:  # the server answers: is it the stream's doing?
+                await self._refuse_unacknowledging_streams(conn, batch, unanswered)
         return batch.results
 
     # -- helpers ------------------------------------------------------------------------------
@@ -527,6 +536,38 @@ class NatsPublisher:
             ) from None
         self._connection = conn
         return conn
+
+    async def _refuse_unacknowledging_streams(
+        self, conn: _Connection, batch: _Batch, unanswered: dict[int, str]
+    ) -> None:
+        """Messages left without a PubAck on a live connection whose stream was created with
+        ``no_ack``: JetStream stores them and never answers, so no retry can ever confirm
+        them. Without this each batch holding one was an outage for the whole relay, forever
+        (a probe)."""
+        timeout = max(1.0, self.settings.connect_timeout)
+        js = conn.client.jetstream(timeout=timeout)
+        verdicts: dict[str, str] = {}
+        # One bound for all the look-ups: a slow server must not hold the call much longer.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                for subject in set(unanswered.values()):
+                    try:
+                        name = await js.find_stream_name_by_subject(subject)
+                        info = await js.stream_info(name)
+                    except (TimeoutError, asyncio.CancelledError):
+                        raise
+                    except Exception:  # noqa: BLE001 - unknown: it stays an outage
+                        continue
+                    if info.config.no_ack:
+                        verdicts[subject] = name
+        for index, subject in unanswered.items():
+            silent = verdicts.get(subject)
+            if silent is not None:
+                batch.results[index] = PermanentPublishError(
+                    f"JetStream stream {silent!r}, which captures subject {subject!r}, has no_ack "
+                    "set: it never acknowledges what it stores, so no publish to it can be "
+                    "confirmed; turn no_ack off (nats stream edit), then replay the dead letters"
+                )
 
     async def _probe(self, conn: _Connection) -> None:
         """After a PubAck timeout: keep the connection only if the server still answers a PING."""
