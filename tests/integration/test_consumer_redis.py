@@ -151,6 +151,41 @@ async def test_pending_entries_trimmed_before_their_ack_are_reported_not_dropped
         await client.aclose()
 
 
+async def test_streams_the_acl_forbids_are_named_in_one_line() -> None:
+    """The consumer's ACL user may not touch its stream's key: Redis answers ``NOPERM``, which
+    only an operator can fix. The consumer stops with a ``ConfigurationError`` naming the user
+    and the streams (``consume`` exits 2 in one line), not "unexpected NoPermissionError"
+    naming neither (a probe). The password is never in it."""
+    require_service("Redis", "127.0.0.1", 6379)
+    stream = unique_name("ob")
+    name, password = unique_name("user"), "s3cret-probe"
+    client = Redis.from_url(REDIS)
+    await client.execute_command(
+        "ACL", "SETUSER", name, "on", f">{password}", f"~{stream}-allowed*", "+@all"
+    )
+    consumer = RedisConsumer(
+        RedisConsumerSettings.from_url(
+            f"redis://{name}:{password}@127.0.0.1:6379/0?block=1", name="svc", topics=[stream]
+        )
+    )
+
+    async def deliver(batch: Sequence[Message]) -> None:
+        raise AssertionError("nothing can be read")
+
+    try:
+        async with consumer:
+            with pytest.raises(ConfigurationError) as raised:
+                await asyncio.wait_for(consumer.run(deliver, asyncio.Event()), 10)
+        text = str(raised.value)
+        assert f"Redis user {name!r} may not use the streams {stream!r}" in text
+        assert "NOPERM" in text
+        assert password not in text
+    finally:
+        await client.execute_command("ACL", "DELUSER", name)
+        await client.delete(stream)
+        await client.aclose()
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 

@@ -47,7 +47,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from outboxer.brokers.redis.settings import RedisConsumerSettings
@@ -170,6 +170,14 @@ class RedisConsumer:
                     # A key of a topic holds another type (at start, or replaced meanwhile):
                     # nothing can be read from it until an operator acts; say which one.
                     raise await self._not_a_stream(client, exc) from None
+                if isinstance(exc, NoPermissionError):
+                    user = self.settings.connection.username or "default"
+                    raise ConfigurationError(
+                        f"Redis user {user!r} may not use the streams "
+                        f"{', '.join(map(repr, self.settings.topics))} as a consumer needs "
+                        "(XGROUP, XREADGROUP, XACK, XPENDING, XAUTOCLAIM, XINFO on their keys): "
+                        f"grant them in its ACL (redis said: NOPERM {exc})"
+                    ) from None
                 # NOGROUP: the group (or the stream) is gone; a read blocked on the stream when
                 # it was deleted is answered "UNBLOCKED the stream key no longer exists" instead.
                 if not str(exc).startswith(("NOGROUP", "UNBLOCKED")):
