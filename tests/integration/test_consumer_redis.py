@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 
 import pytest
 from redis.asyncio import Redis
@@ -16,6 +16,7 @@ from outboxer.errors import ConfigurationError
 from outboxer.message import Message
 from tests.conftest import require_service, unique_name
 from tests.contracts.consumer import ConsumerContract, Prepare, Publish, wait_for
+from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -184,6 +185,57 @@ async def test_streams_the_acl_forbids_are_named_in_one_line() -> None:
         await client.execute_command("ACL", "DELUSER", name)
         await client.delete(stream)
         await client.aclose()
+
+
+async def test_entries_of_a_read_whose_reply_was_lost_come_before_newer_ones() -> None:
+    """The connection is cut while the consumer blocks in ``XREADGROUP``, after Redis gave it
+    ``m1`` (now pending with this live member) and before the reply arrived. redis-py retried
+    the read on a new connection and got ``m2``; ``m1`` came only when reclaimed ``claim_idle``
+    later: ``[m0, m2, m1]``, one key's order broken (a probe). Now the error reaches the
+    consumer, which reads its own pending entries again before anything new."""
+    require_service("Redis", "127.0.0.1", 6379)
+    stream = unique_name("ob")
+    client = Redis.from_url(REDIS)
+    seen: list[str] = []
+
+    async def deliver(batch: Sequence[Message]) -> None:
+        seen.extend(m.id for m in batch)
+
+    async def pending() -> int:
+        return int((await client.xpending(stream, "svc"))["pending"])
+
+    try:
+        async with TcpProxy("127.0.0.1", 6379) as proxy:
+            consumer = RedisConsumer(
+                RedisConsumerSettings.from_url(
+                    f"redis://127.0.0.1:{proxy.port}/0?block=2&claim_idle=60",
+                    name="svc",
+                    topics=[stream],
+                )
+            )
+            stop = asyncio.Event()
+            async with consumer:
+                running = asyncio.create_task(consumer.run(deliver, stop))
+                await client.xadd(stream, {"id": "m0", "payload": "x", "key": "k"})
+                await wait_for(lambda: _true(seen == ["m0"]), "m0")
+                await asyncio.sleep(0.2)  # blocked in XREADGROUP by now
+                await proxy.pause()  # the reply to the blocked read is held back ...
+                await client.xadd(stream, {"id": "m1", "payload": "x", "key": "k"})
+                await wait_for(lambda: _equal(pending(), 1), "m1 given to the blocked read")
+                await proxy.cut()  # ... and lost
+                await client.xadd(stream, {"id": "m2", "payload": "x", "key": "k"})
+                await proxy.restore()
+                await wait_for(lambda: _true("m2" in seen or running.done()), "m2")
+                stop.set()
+                await running
+        assert seen == ["m0", "m1", "m2"]
+    finally:
+        await client.delete(stream)
+        await client.aclose()
+
+
+async def _equal(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected
 
 
 def _text(value: bytes | str) -> str:

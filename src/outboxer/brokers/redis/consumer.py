@@ -11,7 +11,9 @@ pending; every member periodically takes over those idle for longer than ``claim
 ``XAUTOCLAIM`` and processes them (the inbox drops the ones already handled). A starting member
 reads no new entry before the entries pending at its start are taken over (after ``claim_idle``)
 or acknowledged by their live reader: a restart after a crash keeps each key's order, at the
-price of waiting up to ``claim_idle`` for what the dead member left. Members that left
+price of waiting up to ``claim_idle`` for what the dead member left. After a lost connection a
+member first reads again what it was given and never acknowledged (a read whose reply was lost
+leaves its entries pending with it), then new entries. Members that left
 nothing pending and have been idle for an hour are removed from the group, so restarts do not
 pile up dead member names.
 
@@ -46,6 +48,8 @@ import uuid
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -83,7 +87,11 @@ class RedisConsumer:
 
     async def __aenter__(self) -> RedisConsumer:
         settings = self.settings.connection
-        self._client = Redis(**settings.connection_arguments(), ssl=settings.tls)
+        # No retries inside redis-py: a XREADGROUP retried after a lost reply would read past
+        # the entries that reply held (pending with this member); the loop below re-reads them.
+        self._client = Redis(
+            **settings.connection_arguments(), ssl=settings.tls, retry=Retry(NoBackoff(), 0)
+        )
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -150,10 +158,14 @@ class RedisConsumer:
                             async with asyncio.timeout(_PENDING_POLL):
                                 await stop.wait()
                         continue
+                if failures and not await self._read_own_pending(client, deliveries):
+                    return
                 if not await self._read(client, deliveries):
                     return
                 failures = 0
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                # A read whose reply was lost left its entries pending with this member: they
+                # are read again (from this member's history) before anything new.
                 failures += 1
                 delay = self.settings.reconnect.delay(failures)
                 log.warning(
@@ -165,6 +177,9 @@ class RedisConsumer:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await stop.wait()
+                # Pooled connections of before the failure may be dead too: start afresh.
+                with contextlib.suppress(RedisError, OSError):
+                    await client.connection_pool.disconnect(inuse_connections=False)
             except ResponseError as exc:
                 if str(exc).startswith("WRONGTYPE"):
                     # A key of a topic holds another type (at start, or replaced meanwhile):
@@ -262,6 +277,42 @@ class RedisConsumer:
             name = stream.decode() if isinstance(stream, bytes) else str(stream)
             entries.extend((name, _text(entry_id), fields) for entry_id, fields in items)
         return await self._deliver(client, deliveries, entries)
+
+    async def _read_own_pending(self, client: Redis, deliveries: Deliveries) -> bool:
+        """After a lost connection, deliver what this member was given and never acknowledged
+        (``XREADGROUP ... 0``), oldest first, before any new entry: a ``XREADGROUP`` whose
+        reply was lost (a cut or a timeout while it blocked) left entries pending with this
+        live member, and reading on with ``>`` handled the next entries of their keys first,
+        the lost ones only when reclaimed ``claim_idle`` later (a probe: ``[m0, m2, m1]``).
+        The inbox drops those that were handled. False when delivery was stopped."""
+        after: dict[Any, Any] = dict.fromkeys(self.settings.topics, "0")
+        while after:
+            response: Any = await client.xreadgroup(
+                self.settings.group, self.member, after, count=self.settings.batch_size
+            )
+            entries: list[tuple[str, str, Any]] = []
+            gone: list[tuple[str, str, Any]] = []
+            for stream, items in response or []:
+                name = _text(stream)
+                if not items:
+                    after.pop(name, None)
+                    continue
+                after[name] = _text(items[-1][0])
+                for entry_id, fields in items:
+                    (entries if fields else gone).append((name, _text(entry_id), fields))
+            if not response:
+                break
+            if gone:  # deleted from the stream while pending: nothing left to deliver
+                log.warning(
+                    "%d entries this member had read were deleted from the stream before it "
+                    "acknowledged them: they may never have been handled (%s)",
+                    len(gone),
+                    ", ".join(f"{stream} {entry_id}" for stream, entry_id, _ in gone[:5]),
+                )
+                await self._ack(client, gone)
+            if not await self._deliver(client, deliveries, entries):
+                return False
+        return True
 
     async def _reclaim(self, client: Redis, deliveries: Deliveries, stop: asyncio.Event) -> bool:
         """Take over entries pending longer than ``claim_idle`` (their reader died); process
