@@ -18,7 +18,8 @@ from outboxer.brokers.nats.publisher import NatsPublisher
 from outboxer.errors import ConfigurationError, PermanentPublishError
 from outboxer.message import Message
 from tests.conftest import require_service, unique_name
-from tests.contracts.consumer import ConsumerContract, Prepare, Publish
+from tests.contracts.consumer import ConsumerContract, Prepare, Publish, wait_for
+from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -250,6 +251,53 @@ async def test_a_restarted_consumer_takes_what_the_dead_one_left_before_anything
         assert await consumed(url, "svc", subject, {"m1", "m2", "m3", "m4"}) == [
             "m1", "m2", "m3", "m4"
         ]  # fmt: skip
+
+
+async def test_what_a_fetch_lost_with_the_connection_comes_before_anything_newer() -> None:
+    """The connection is cut while a fetch waits, after JetStream handed it ``m1`` and before
+    ``m1`` arrived. nats-py reconnected and the next fetch got ``m2`` at once; ``m1`` came only
+    after ack_wait: ``[m0, m2, m1]``, one key's order broken (a probe). Now, after a lost
+    connection, the consumer waits for what was delivered and not acknowledged (at most
+    ack_wait) before fetching anything newer, and a batch fetched across the loss is left
+    unacknowledged to come again in order."""
+    subject = unique_name("ob")
+    seen: list[str] = []
+
+    async def deliver(batch: Sequence[Message]) -> None:
+        seen.extend(m.id for m in batch)
+
+    async with stream_of(subject) as js, TcpProxy("127.0.0.1", 4222) as proxy:
+
+        async def publish(name: str) -> None:
+            await js.publish(subject, b"{}", headers={"ce-id": name, "ce-partitionkey": "k"})
+
+        async def given_to_the_fetch() -> bool:
+            info = await js.consumer_info(stream, durable_name("svc", subject))
+            return bool(info.num_ack_pending == 1 and info.delivered.stream_seq == 2)
+
+        stream = await js.find_stream_name_by_subject(subject)
+        settings = NatsConsumerSettings.from_url(
+            f"nats://127.0.0.1:{proxy.port}?ack_wait=2", name="svc", topics=[subject]
+        )
+        stop = asyncio.Event()
+        async with NatsConsumer(settings) as consumer:
+            running = asyncio.create_task(consumer.run(deliver, stop))
+            await publish("m0")
+            await wait_for(lambda: _true(seen == ["m0"]), "m0")
+            await proxy.pause()  # what the waiting fetch is handed is held back ...
+            await publish("m1")
+            await wait_for(given_to_the_fetch, "m1 handed to the fetch")
+            await proxy.cut()  # ... and lost
+            await publish("m2")
+            await proxy.restore()
+            await wait_for(lambda: _true("m2" in seen or running.done()), "m2")
+            stop.set()
+            await running
+    assert seen[:3] == ["m0", "m1", "m2"]
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def test_a_consumer_started_beside_a_live_one_waits_only_for_its_batch() -> None:

@@ -25,7 +25,10 @@ option               default         meaning
 ===================  ==============  ========================================================
 
 The client reconnects by itself after a connection loss; the first connection is retried with
-a backoff (1 s doubling to 30 s). JetStream answers no fetch of a durable that was deleted (by
+a backoff (1 s doubling to 30 s). What a fetch was handed while the connection broke is lost
+on the way and delivered again by JetStream after ``ack_wait``: after a reconnection the
+consumer waits for it (at most ``ack_wait``) before fetching anything newer, so each key keeps
+its order. JetStream answers no fetch of a durable that was deleted (by
 an operator) while the consumer runs, so an idle consumer looks for its durables every 10 s and
 creates a missing one again, from the start of the stream as on a first start (the inbox drops
 what it handled within its retention).
@@ -102,6 +105,7 @@ class NatsConsumer:
     def __init__(self, settings: NatsConsumerSettings) -> None:
         self.settings = settings
         self._client: Client | None = None
+        self._disconnects = 0  # connection losses so far (see _fetch)
 
     def __repr__(self) -> str:
         return f"NatsConsumer({self.settings.connection.describe()}, name={self.settings.name!r})"
@@ -126,6 +130,7 @@ class NatsConsumer:
         async def on_disconnect() -> None:
             if client.is_closed:  # our own close (nats-py calls this then too): not a loss
                 return
+            self._disconnects += 1
             log.warning("NATS consumer disconnected from %s; reconnecting", settings.describe())
 
         async def on_reconnect() -> None:
@@ -234,7 +239,9 @@ class NatsConsumer:
             await self._wait_for_left_pending(subscription, stop)
             await self._fetch(client, subject, subscription, deliveries, stop)
 
-    async def _wait_for_left_pending(self, subscription: Any, stop: asyncio.Event) -> None:
+    async def _wait_for_left_pending(
+        self, subscription: Any, stop: asyncio.Event, since: str = "this instance started"
+    ) -> None:
         """Messages another instance fetched and has not acknowledged (it was killed, or is
         storing a batch) come again only after ``ack_wait``, new ones at once: a key's new
         message overtook them (a probe: one ``kill -9``, a restart, then ``[4, 1, 2, 3]``).
@@ -250,10 +257,11 @@ class NatsConsumer:
         delivered = info.delivered.stream_seq or 0
         ack_wait = float(info.config.ack_wait or self.settings.ack_wait)
         log.info(
-            "%d message(s) delivered before this instance started are not acknowledged: "
+            "%d message(s) delivered before %s are not acknowledged: "
             "waiting for them (at most %.0f s, ack_wait) before reading new ones, so that "
             "each key keeps its order",
             info.num_ack_pending,
+            since,
             ack_wait,
         )
         loop = asyncio.get_running_loop()
@@ -280,11 +288,24 @@ class NatsConsumer:
     ) -> None:
         loop = asyncio.get_running_loop()
         next_check = loop.time() + _DURABLE_CHECK_SECONDS
+        disconnects = self._disconnects
         while not stop.is_set():
+            if disconnects != self._disconnects or not client.is_connected:
+                # Messages a fetch was given while the connection broke never arrived, and
+                # JetStream delivers them again only after ack_wait: the next fetch would hand
+                # out newer ones of their keys first (a probe: a cut, then [m0, m2, m1]).
+                disconnects = self._disconnects
+                await self._wait_for_reconnection(client, stop)
+                await self._wait_for_left_pending(subscription, stop, "the connection was lost")
+                continue
             try:
                 batch: list[Msg] = await subscription.fetch(
                     self.settings.batch_size, timeout=_FETCH_SECONDS
                 )
+                if disconnects != self._disconnects:
+                    # Fetched across a lost connection: it may hold messages newer than lost
+                    # ones. Left unacknowledged, it comes again after them (ack_wait).
+                    continue
             except (TimeoutError, nats.errors.TimeoutError, nats.errors.Error, KeyError) as exc:
                 swallowed = _swallowed_message(exc)
                 if swallowed is not None:
@@ -315,6 +336,13 @@ class NatsConsumer:
                 continue
             if not await self._submit(client, deliveries, batch):
                 return  # not acknowledged: JetStream delivers them again after ack_wait
+
+    @staticmethod
+    async def _wait_for_reconnection(client: Client, stop: asyncio.Event) -> None:
+        while not client.is_connected and not client.is_closed and not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.1):
+                    await stop.wait()
 
     async def _submit(self, client: Client, deliveries: Deliveries, batch: list[Msg]) -> bool:
         messages = []
