@@ -290,7 +290,8 @@ class NatsConsumer:
         next_check = loop.time() + _DURABLE_CHECK_SECONDS
         disconnects = self._disconnects
         while not stop.is_set():
-            if disconnects != self._disconnects or not client.is_connected:
+            lost = disconnects != self._disconnects or not client.is_connected
+            if lost and not client.is_closed:  # closed for good: the fetch reports it, paced
                 # Messages a fetch was given while the connection broke never arrived, and
                 # JetStream delivers them again only after ack_wait: the next fetch would hand
                 # out newer ones of their keys first (a probe: a cut, then [m0, m2, m1]).
