@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,7 @@ from outboxer.message import Message
 from outboxer.ports import Claim, ClaimRequest, DeadLetterFilter, Settlement, SweepReport
 from outboxer.relay import Relay
 from outboxer.relay.relay import MAX_RETRY_AFTER
+from outboxer.stores.sqlite import SqliteStore
 from outboxer.testing import InMemoryStore, RecordingPublisher
 
 FAST = RelaySettings(
@@ -413,6 +416,41 @@ async def test_a_background_task_that_keeps_dying_stops_the_relay_loudly() -> No
         await asyncio.wait_for(relay.run(), timeout=10)
     assert isinstance(failed.value.__cause__, RuntimeError)
     assert store.sweeps == 3
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_relay_runs_once_at_a_time_and_not_again_after_a_stop(
+    kind: str, tmp_path: Path
+) -> None:
+    # A second run() of one Relay replaced the first's heartbeat and sweeper, which were never
+    # cancelled: the stopped relay heartbeated (listed live in stats) for good; and a run after
+    # a stop returned at once, publishing nothing, without a word (a probe).
+    async with contextlib.AsyncExitStack() as stack:
+        store: InMemoryStore | SqliteStore = InMemoryStore()
+        if kind == "sqlite":
+            store = await stack.enter_async_context(SqliteStore(tmp_path / "outbox.db"))
+            await store.migrate()
+        await _runs_once_at_a_time(store)
+
+
+async def _runs_once_at_a_time(store: InMemoryStore | SqliteStore) -> None:
+    relay = Relay(store, RecordingPublisher(), FAST)
+    running = asyncio.create_task(relay.run())
+    await asyncio.sleep(0)  # (it has begun)
+    with pytest.raises(RuntimeError, match="already running"):
+        await asyncio.wait_for(relay.run(), timeout=5)
+    with pytest.raises(RuntimeError, match="already running"):
+        await relay.drain(timeout=5)
+    relay.stop()
+    await asyncio.wait_for(running, timeout=10)
+    assert [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("outboxer-")] == []
+    assert (await store.stats()).relays == []
+    with pytest.raises(RuntimeError, match="make a new Relay"):
+        await relay.drain(timeout=5)
+    # A stop before the first run still makes it return at once (a signal during start-up).
+    early = Relay(store, RecordingPublisher(), FAST)
+    early.stop()
+    await asyncio.wait_for(early.run(), timeout=10)
 
 
 async def test_unordered_mode_publishes_a_whole_key_at_once() -> None:

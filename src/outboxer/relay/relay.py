@@ -268,6 +268,9 @@ class Relay:
         #: The task awaiting a claim statement (while it does), and whether a stop cut it.
         self._claiming: asyncio.Task[Any] | None = None
         self._claim_cut = False
+        #: A run is going on; a run ended by a stop (the relay cannot run again).
+        self._running = False
+        self._stopped = False
 
     # -- public ------------------------------------------------------------------------------
 
@@ -297,7 +300,11 @@ class Relay:
         return self._outage_reason if self._outage_failures else ""
 
     async def run(self) -> RelayCounters:
-        """Relay until :meth:`stop` is called; returns the counters."""
+        """Relay until :meth:`stop` is called; returns the counters.
+
+        One run (or drain) at a time; a relay that was stopped does not run again (both raise
+        ``RuntimeError``): make a new ``Relay``.
+        """
         return await self._run(until_empty=False)
 
     async def drain(self, timeout: float | None = None) -> RelayCounters:
@@ -315,6 +322,23 @@ class Relay:
     # -- loop --------------------------------------------------------------------------------
 
     async def _run(self, *, until_empty: bool) -> RelayCounters:
+        # One run at a time: a second one's heartbeat and sweeper replaced the first's in
+        # _background, and those were never cancelled (a stopped relay heartbeating for good).
+        if self._running:
+            raise RuntimeError(
+                "this Relay is already running (run() or drain()): one at a time; "
+                "make another Relay to run two"
+            )
+        if self._stopped:  # (else the run would return at once, publishing nothing)
+            raise RuntimeError("this Relay was stopped: make a new Relay to run again")
+        self._running = True
+        try:
+            return await self._run_once(until_empty=until_empty)
+        finally:
+            self._running = False
+            self._stopped = self._stop.is_set()
+
+    async def _run_once(self, *, until_empty: bool) -> RelayCounters:
         relay_id_token = current_relay_id.set(self.relay_id)  # for logs; tasks inherit it
         self.observer.relay_started(self.info)
         log.info(
