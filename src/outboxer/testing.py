@@ -534,7 +534,7 @@ class InMemoryStore:
             if d.direction != "consume":
                 continue
             del self._dead[(d.id, d.direction)]
-            self._inbox.revive(d.id)
+            self._inbox.revive(d.id, self._clock())
             replayed.append(d.id)
         return replayed
 
@@ -691,7 +691,7 @@ class _Inbox:
             consumer=consumer,
             message=message,
             attempts=attempts,
-            next_attempt_at=_now() + dt.timedelta(seconds=failure.retry_in or 0.0),
+            next_attempt_at=now + dt.timedelta(seconds=failure.retry_in or 0.0),
             last_error=failure.reason,
             failed_at=now,
             state="dead" if failure.retry_in is None else "retrying",
@@ -732,11 +732,11 @@ class _Inbox:
                 due.append((len(run), failure.next_attempt_at, failure.seq, failure))
         return [d[-1] for d in sorted(due, key=lambda d: d[:3])]
 
-    def revive(self, message_id: str) -> None:
+    def revive(self, message_id: str, now: dt.datetime) -> None:
         for failure in self.failures.values():
             if failure.message.id == message_id and failure.state == "dead":
                 failure.state, failure.attempts = "retrying", 0
-                failure.next_attempt_at = _now()
+                failure.next_attempt_at = now
                 failure.last_error = f"replayed: {failure.last_error}"
                 self.rows[(failure.consumer, message_id)] = None
 
