@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import threading
@@ -229,6 +231,35 @@ def test_payload_annotations_are_resolved_or_refused() -> None:
     message = event({"user_id": 1, "email": "x@example.com"}, "UserRegistered")
     registry.call(welcome, message, HandlerContext(message))
     assert seen == ["x@example.com"]
+
+
+def welcome_in(user: UserRegistered, ctx: HandlerContext, *, seen: list[str], tag: str) -> None:
+    seen.append(f"{tag}:{user.email}:{ctx.attempt}")
+
+
+async def audit_in(user: UserRegistered, *, seen: list[str]) -> None:
+    seen.append(f"audit:{user.user_id}")
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_partial_of_a_handler_gets_its_annotated_payload(
+    kind: str, tmp_path: pathlib.Path
+) -> None:
+    # functools.partial(handler, ...) took no annotation (the partial's __call__ has none): the
+    # handler was given the Message instead of the dataclass, and `user.id`-like reads of the
+    # payload quietly read the message's own fields (a probe).
+    registry = HandlerRegistry()
+    seen: list[str] = []
+    registry.register(functools.partial(welcome_in, seen=seen, tag="welcome"))  # type inferred
+    registry.register(functools.partial(audit_in, seen=seen), "UserRegistered")
+    message = event({"user_id": 7, "email": "p@example.com"}, "UserRegistered")
+    async with contextlib.AsyncExitStack() as stack:
+        store: InMemoryStore | SqliteStore = InMemoryStore()
+        if kind == "sqlite":
+            store = await stack.enter_async_context(SqliteStore(tmp_path / "inbox.db"))
+            await store.migrate()
+        assert await Inbox(store, registry, settings()).receive(message) == "handled"
+    assert seen == ["welcome:p@example.com:1", "audit:7"]
 
 
 async def test_the_in_process_publisher_calls_handlers_the_same_way() -> None:

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import importlib
 import inspect
 import threading
@@ -353,10 +354,15 @@ def _signature(handler: Handler) -> tuple[_Signature, str | None]:
         parameters = list(inspect.signature(handler).parameters.values())
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"handler {_name(handler)}: no inspectable signature") from exc
-    if inspect.isroutine(handler) or inspect.isfunction(handler):
-        target: Any = handler
+    # The function whose annotations (and module) count: a partial's (functools.partial of a
+    # handler: its __call__ has no annotations, and the payload came as the Message).
+    inner: Any = handler
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    if inspect.isroutine(inner) or inspect.isfunction(inner):
+        target: Any = inner
     else:
-        target = getattr(handler, "__call__", handler)  # noqa: B004 - callable objects
+        target = getattr(inner, "__call__", inner)  # noqa: B004 - callable objects
     positional = [
         p
         for p in parameters
