@@ -175,7 +175,16 @@ class InMemoryStore:
         return None
 
     def enqueue(self, topic: str, payload: object, **options: Any) -> str:
-        """Add a message as ``outboxer.enqueue`` would (committed at once)."""
+        """Add a message as ``outboxer.enqueue`` would (committed at once); an ``available_at``
+        given as a ``timedelta`` counts from the store's clock."""
+        delay = options.get("available_at")
+        if isinstance(delay, dt.timedelta):
+            try:
+                options["available_at"] = self._clock() + delay
+            except OverflowError:
+                raise ConfigurationError(
+                    f"available_at: now + {delay} is outside years 1-9999"
+                ) from None
         row = self._outbox.row(topic, payload, **options)
         if row.id in self._rows:
             raise ConfigurationError(f"duplicate message id {row.id!r}")

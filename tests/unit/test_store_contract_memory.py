@@ -9,7 +9,7 @@ import pytest
 
 from outboxer import Backoff, HandlerContext, HandlerRegistry, Message
 from outboxer.inbox import Inbox, InboxSettings
-from outboxer.ports import DeadLetterFilter
+from outboxer.ports import ClaimRequest, DeadLetterFilter
 from outboxer.testing import InMemoryStore
 from tests.contracts.store import StoreContract
 
@@ -55,3 +55,24 @@ async def test_consume_retries_and_replays_follow_the_fakes_clock(epoch: dt.date
     assert await store.replay_dead_letters(DeadLetterFilter(ids=["m"])) == ["m"]
     assert await inbox.redrive() == ["handled"]  # a replay is due at once
     assert calls == [1, 2, 1]
+
+
+@pytest.mark.parametrize(
+    "epoch", [dt.datetime(2020, 1, 1, tzinfo=dt.UTC), dt.datetime(2100, 1, 1, tzinfo=dt.UTC)]
+)
+async def test_a_delay_given_as_a_timedelta_counts_from_the_fakes_clock(epoch: dt.datetime) -> None:
+    # enqueue(available_at=timedelta(...)) counted from the wall clock, whatever clock= said:
+    # on a clock behind it the message waited years (a drain never published it), on one ahead
+    # it was due at once (a probe).
+    now = [epoch]
+    store = InMemoryStore(clock=lambda: now[0])
+    later = store.enqueue("t", {"n": 1}, available_at=dt.timedelta(seconds=30))
+    message = await store.get_message(later)
+    assert (message.state, message.next_attempt_at) == (
+        "scheduled",
+        epoch + dt.timedelta(seconds=30),
+    )
+    request = ClaimRequest(limit=10, lease_seconds=30, ordered=True, relay_id="r")
+    assert (await store.claim_batch(request)).messages == []
+    now[0] += dt.timedelta(seconds=31)
+    assert [m.id for m in (await store.claim_batch(request)).messages] == [later]
