@@ -209,6 +209,34 @@ def test_registration_refuses_what_it_cannot_call() -> None:
         registry.register(42, "T")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_handler_registered_twice_for_one_type_is_refused_not_run_twice(
+    kind: str, tmp_path: pathlib.Path
+) -> None:
+    # register(h, "T") twice (a decorator and a register() call, say) ran h twice per message:
+    # two e-mails for one event, through an inbox meant to make effects happen once (a probe).
+    registry = HandlerRegistry()
+    calls: list[str] = []
+
+    @registry.handler("UserRegistered", topic="users")
+    def welcome(user: UserRegistered) -> None:
+        calls.append(user.email)
+
+    with pytest.raises(ConfigurationError, match="already registered for type 'UserRegistered'"):
+        registry.register(welcome, "UserRegistered")
+    with pytest.raises(ConfigurationError, match="already registered for topic 'users'"):
+        registry.register(welcome, topic="users")
+    registry.register(welcome, "UserMigrated")  # another type: fine
+    message = event({"user_id": 1, "email": "once@example.com"}, "UserRegistered")
+    async with contextlib.AsyncExitStack() as stack:
+        store: InMemoryStore | SqliteStore = InMemoryStore()
+        if kind == "sqlite":
+            store = await stack.enter_async_context(SqliteStore(tmp_path / "inbox.db"))
+            await store.migrate()
+        assert await Inbox(store, registry, settings()).receive(message) == "handled"
+    assert calls == ["once@example.com"]
+
+
 def test_payload_annotations_are_resolved_or_refused() -> None:
     """This module uses ``from __future__ import annotations``: annotations are strings."""
     registry = HandlerRegistry()

@@ -422,8 +422,9 @@ class HandlerRegistry:
         class is instantiated without arguments. Returns what was registered.
 
         Raises:
-            ConfigurationError: not callable, no type/topic to register under, or a signature
-                that is neither ``(payload)`` nor ``(payload, ctx)``.
+            ConfigurationError: not callable, no type/topic to register under, a signature
+                that is neither ``(payload)`` nor ``(payload, ctx)``, or already registered
+                for that type or topic.
         """
         # A class is a handler factory: its instance (made without arguments) is the handler.
         handler: Handler = typing.cast(
@@ -436,6 +437,15 @@ class HandlerRegistry:
             type = type_name  # noqa: A001 - the contract's word
         if type is None and topic is None:
             raise ConfigurationError("a handler needs a message type or a topic")
+        # Twice in one list, it would run twice per message (two e-mails for one event).
+        for what, name, registered in (
+            ("type", type, self._by_type),
+            ("topic", topic, self._by_topic),
+        ):
+            if name is not None and any(h is handler for h in registered.get(name, ())):
+                raise ConfigurationError(
+                    f"handler {_name(handler)} is already registered for {what} {name!r}"
+                )
         self._signatures[id(handler)] = signature
         self._routes.clear()
         if type is not None:
