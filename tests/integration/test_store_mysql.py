@@ -259,6 +259,40 @@ async def test_a_table_of_the_outboxes_name_not_made_by_outboxer_is_refused_firs
             assert [row["name"] for row in tables] == [f"outbox{suffix}"]
 
 
+@pytest.mark.parametrize(
+    ("other", "installed"),
+    [("outbox_inbox", 0), ("outbox_inbox_failures", 0), ("outbox_inbox", 2), ("outbox_relays", 0)],
+)
+async def test_another_outbox_named_after_one_of_this_outboxes_tables_is_refused(
+    mysql_url: str, mysql_database: str, other: str, installed: int
+) -> None:
+    """Found by a probe: two outboxes in one database, ``outbox_inbox`` and ``outbox``. The
+    ``CREATE TABLE IF NOT EXISTS`` of ``outbox``'s inbox found the other's outbox table and
+    passed: ``db upgrade`` reported version 9, and ``outbox``'s consumers would have written
+    their inbox rows into the other outbox's messages (also on an upgrade from version 2, before
+    the inbox). Refused before any DDL now, the other outbox untouched."""
+    names = TableNames(schema=mysql_database)
+    async with MysqlStore(mysql_url, names) as store:
+        if installed:
+            await store.migrate(target=installed)
+        async with MysqlStore(mysql_url, TableNames(other, mysql_database)) as neighbour:
+            await neighbour.migrate()
+            before = await store.execute(
+                f"SELECT TABLE_NAME AS t, COUNT(*) AS n FROM information_schema.COLUMNS "
+                f"WHERE TABLE_SCHEMA = '{mysql_database}' GROUP BY TABLE_NAME ORDER BY 1"
+            )
+            for _ in range(2):
+                with pytest.raises(SchemaError, match=f"table `{other}` already exists"):
+                    await store.migrate()
+            after = await store.execute(
+                f"SELECT TABLE_NAME AS t, COUNT(*) AS n FROM information_schema.COLUMNS "
+                f"WHERE TABLE_SCHEMA = '{mysql_database}' GROUP BY TABLE_NAME ORDER BY 1"
+            )
+            assert after == before
+            assert await store.schema_version() == installed
+            await neighbour.check_schema()
+
+
 async def test_a_bulk_replay_moves_dead_letters_back_in_chunks_of_statements(
     mysql_url: str, mysql_database: str, mysql_store: MysqlStore
 ) -> None:

@@ -27,6 +27,11 @@ from outboxer.stores.mysql.connection import (
 
 __all__ = ["MysqlSchema"]
 
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes | bytearray) else str(value)
+
+
 #: How long ``migrate`` waits for a concurrent upgrade to finish.
 _UPGRADE_LOCK_SECONDS = 300
 
@@ -35,6 +40,18 @@ _UPGRADE_LOCK_SECONDS = 300
 #: each DDL statement on its own, and one statement is all or nothing, so an upgrade killed
 #: after a statement and before its version was recorded meets exactly these when run again.
 _ALREADY_APPLIED = {1050, 1060, 1061, 1091}
+
+#: A column each of an outbox's tables has had since it was created, and no other of them has:
+#: a table of the outbox's names without it is not this outbox's.
+_OWN_COLUMNS = {
+    "": "claim_token",
+    "_dead_letters": "dl_seq",
+    "_relays": "relay_id",
+    "_sweeps": "swept_by",
+    "_schema_version": "applied_at",
+    "_inbox": "expires_at",
+    "_inbox_failures": "next_attempt_at",
+}
 
 log = logging.getLogger("outboxer.schema")
 
@@ -77,12 +94,10 @@ class MysqlSchema(MysqlPart):
             {"s": schema},
         ):
             await execute(conn, f"CREATE DATABASE `{schema}`")
+        await self._refuse_foreign_tables(conn)  # before any DDL (a later version adds tables)
         if not await self._version_table_exists(conn):
-            await self._refuse_foreign_tables(conn)  # before any DDL of a first install
             await execute(conn, ddl.version_table("mysql", self.names))
         current = await fetch_value(conn, f"SELECT MAX(version) FROM {version_table}") or 0
-        if not current:
-            await self._refuse_foreign_tables(conn)
         applied: list[int] = []
         for step in ddl.pending("mysql", self.names, current, target):
             for statement in step.statements:
@@ -96,29 +111,28 @@ class MysqlSchema(MysqlPart):
         return applied
 
     async def _refuse_foreign_tables(self, conn: Conn) -> None:
-        """Before a first install: a table of outboxer's names that outboxer did not create
-        (an application's own ``outbox``) is refused before any DDL. Its ``CREATE TABLE IF NOT
-        EXISTS`` would let it pass, versions 1-4 would be recorded on it and version 5 would
-        fail on its missing columns, for good, with six tables created around it. A table an
-        interrupted first install created has the columns checked here and is completed."""
+        """Before any DDL: a table of outboxer's names that outboxer did not create for this
+        outbox (an application's own ``outbox``, or another outbox's table: the outbox
+        ``outbox_inbox`` is where ``outbox``'s inbox would be) is refused. Its ``CREATE TABLE
+        IF NOT EXISTS`` would let it pass: versions would be recorded around it, and the
+        outbox would read and write the other's table, or a later version fail on its missing
+        columns, for good. A table an interrupted install created has the column checked here
+        (one each table has had since it was created) and is completed."""
         names = self.names
+        tables = {f"{names.table}{suffix}": column for suffix, column in _OWN_COLUMNS.items()}
         where = "TABLE_SCHEMA = COALESCE(%(schema)s, DATABASE()) AND TABLE_NAME = %(t)s"
-        for suffix, column in (("", "claim_token"), ("_dead_letters", "dl_seq")):
-            args = {"schema": names.schema, "t": f"{names.table}{suffix}", "c": column}
-            exists = await fetch_value(
-                conn, f"SELECT COUNT(*) FROM information_schema.TABLES WHERE {where}", args
-            )
-            ours = await fetch_value(
+        for table, column in tables.items():
+            args = {"schema": names.schema, "t": table}
+            columns = await fetch_value(
                 conn,
-                f"SELECT COUNT(*) FROM information_schema.COLUMNS WHERE {where} "
-                "AND COLUMN_NAME = %(c)s",
+                f"SELECT GROUP_CONCAT(COLUMN_NAME) FROM information_schema.COLUMNS WHERE {where}",
                 args,
             )
-            if exists and not ours:
+            if columns is not None and column not in _text(columns).split(","):
                 raise SchemaError(
-                    f"table `{args['t']}` already exists and was not created by outboxer (it "
-                    f"has no {column} column): nothing was changed; choose another --table "
-                    "(or --schema) for the outbox"
+                    f"table `{table}` already exists and was not created by outboxer for this "
+                    f"outbox (it has no {column} column): nothing was changed; choose another "
+                    "--table (or --schema) for the outbox"
                 )
 
     async def _version_table_exists(self, conn: Conn) -> bool:
