@@ -14,7 +14,7 @@ from outboxer.errors import SchemaError
 from outboxer.inbox import consume
 from outboxer.message import Message
 from outboxer.ports import ConsumeFailure, DeadLetterFilter
-from outboxer.stores import _sql
+from outboxer.stores import _sql, ddl
 from outboxer.stores.mysql import MysqlStore
 from outboxer.stores.postgres import PostgresStore
 from outboxer.stores.sqlite import SqliteStore
@@ -126,6 +126,22 @@ async def test_a_mistyped_sqlite_path_is_reported_missing_and_not_created(tmp_pa
         assert path.exists()
         await store.check_schema()
         assert (await store.stats()).pending == 0
+
+
+async def test_a_sqlite_table_name_in_other_letter_case_is_the_same_outbox(tmp_path: Path) -> None:
+    """Found by a probe: SQLite's names ignore case, so ``--table Outbox`` is the outbox
+    ``outbox``: ``db upgrade --table Outbox`` said "up to date", while ``stats``, the relay and
+    every other command said "outbox table Outbox ... is missing: run 'outboxer db upgrade'"
+    (the version table was looked up with a case-sensitive comparison), for good."""
+    path = tmp_path / "case.db"
+    async with SqliteStore(path) as store:
+        await store.migrate()
+    for spelling in ("Outbox", "OUTBOX"):
+        async with SqliteStore(path, TableNames(spelling)) as same:
+            assert await same.migrate() == []
+            assert await same.schema_version() == ddl.latest_version("sqlite")
+            await same.check_schema()
+            assert (await same.stats()).pending == 0
 
 
 async def test_a_store_opened_before_the_upgrade_sees_the_new_database(tmp_path: Path) -> None:

@@ -36,7 +36,9 @@ class SqliteSchema(SqlitePart):
         table = f"{self.names.table}_schema_version"
         async with self.db.connection() as conn:
             async with conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+                # SQLite's names ignore (ASCII) case: "Outbox" is the table "outbox".
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ? COLLATE NOCASE",
+                (table,),
             ) as cur:
                 if await cur.fetchone() is None:
                     return 0
