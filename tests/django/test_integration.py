@@ -23,7 +23,7 @@ from django.test import override_settings
 from pydantic import BaseModel
 
 import outboxer
-from outboxer.errors import ConfigurationError
+from outboxer.errors import ConfigurationError, SchemaError
 from outboxer.integrations.django import database_url, enqueue, enqueue_many
 from outboxer.integrations.django.conf import (
     environment,
@@ -32,7 +32,7 @@ from outboxer.integrations.django.conf import (
     tool_names,
 )
 from outboxer.integrations.django.models import DeadLetter
-from outboxer.stores import ddl, open_store
+from outboxer.stores import _sql, ddl, open_store
 from tests import catalog
 from tests.conftest import give_up_on, unique_name
 from tests.django.conftest import relay_until_empty
@@ -200,6 +200,33 @@ def test_migrating_again_over_an_installed_schema_keeps_it(
     assert outbox_rows(alias) == [("orders", None, None, '{"kept":true}')]
     call_command("outboxer", "db", "upgrade")
     assert "up to date" in capsys.readouterr().out
+
+
+@db
+@pytest.mark.parametrize("alias", ALIASES)
+def test_migrate_refuses_another_outbox_named_after_one_of_the_outboxes_tables(
+    alias: str,
+) -> None:
+    """Found by a probe: on MariaDB, beside an outbox ``probe_inbox``, ``migrate`` with
+    ``TABLE = "probe"`` took the other's outbox table for its inbox (``CREATE TABLE IF NOT
+    EXISTS``) and recorded the version around it. Refused before any DDL now, on every
+    database, naming the table."""
+    url, quote = database_url(alias), connections[alias].ops.quote_name
+    other = [f"probe_inbox{suffix}" for suffix in _sql.TABLES.values()]
+    call_command("outboxer", "db", "upgrade", "--database-url", url, "--table", "probe_inbox")
+    try:
+        with override_settings(OUTBOXER={"TABLE": "probe", "DATABASE": alias}):
+            call_command("migrate", "outboxer", "zero", database=alias, verbosity=0)
+            with pytest.raises(SchemaError, match=r"probe_inbox. already exists and was not"):
+                call_command("migrate", "outboxer", database=alias, verbosity=0)
+        with connections[alias].cursor() as cursor:
+            tables = connections[alias].introspection.table_names(cursor)
+            assert not [t for t in tables if t.startswith("probe") and t not in other]
+    finally:
+        call_command("migrate", "outboxer", database=alias, verbosity=0)
+        with connections[alias].cursor() as cursor:
+            for table in other:
+                cursor.execute(f"DROP TABLE IF EXISTS {quote(table)}")
 
 
 @db

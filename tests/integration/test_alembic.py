@@ -114,12 +114,12 @@ class Place:
         url = f"{MYSQL_URL.rsplit('/', 1)[0]}/{name}"
         return url, url.replace("mysql:", "mysql+pymysql:"), None
 
-    def catalog(self, name: str) -> dict[str, Any]:
+    def catalog(self, name: str, table: str = "outbox") -> dict[str, Any]:
         if self.dialect == "sqlite":
-            return catalog.sqlite(self.tmp_path / f"{name}.db")
+            return catalog.sqlite(self.tmp_path / f"{name}.db", table)
         if self.dialect == "postgres":
-            return catalog.postgres(PG_URL, name)
-        return catalog.mysql(name)
+            return catalog.postgres(PG_URL, name, table)
+        return catalog.mysql(name, table)
 
     def create(self) -> None:
         for name in self.names:
@@ -210,6 +210,34 @@ def test_a_schema_db_upgrade_built_first_is_left_as_it_is(place: Place, tmp_path
         outboxer("db", "upgrade", "--database-url", url, *options).strip()
         == "outbox schema is up to date"
     )
+
+
+def test_another_outbox_named_after_one_of_the_outboxes_tables_is_refused(
+    place: Place, tmp_path: Path
+) -> None:
+    """Found by a probe: on MySQL, beside an outbox ``outbox_inbox``, ``op_upgrade()`` (the
+    outbox ``outbox``) found the other's outbox table by its inbox's ``CREATE TABLE IF NOT
+    EXISTS`` and recorded version 9 around it. Refused before any of the outbox's DDL now, on
+    every database, naming the table."""
+    alembic_name, _ = place.names
+    url, sqlalchemy_url, schema = place.urls(alembic_name)
+    options = ["--schema", schema] if schema else []
+    outboxer("db", "upgrade", "--database-url", url, "--table", "outbox_inbox", *options)
+    before = place.catalog(alembic_name, "outbox_inbox")
+    alembic_env(tmp_path / "alembic", sqlalchemy_url, schema)
+    config = str(tmp_path / "alembic" / "alembic.ini")
+    done = subprocess.run(
+        [sys.executable, "-m", "alembic", "-c", config, "upgrade", "head"],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": PYTHONPATH, "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "outbox_inbox" in done.stderr and "was not created by outboxer for this outbox" in (
+        done.stderr
+    )
+    assert place.catalog(alembic_name, "outbox_inbox") == before  # the other one untouched
 
 
 def test_autogenerate_leaves_the_outbox_alone_with_include_name(

@@ -31,7 +31,7 @@ from sqlalchemy import inspect, text
 
 from outboxer.config import TableNames
 from outboxer.errors import ConfigurationError
-from outboxer.stores import ddl
+from outboxer.stores import _sql, ddl
 from outboxer.stores._sql import TABLES
 
 __all__ = ["include_name", "op_upgrade"]
@@ -69,6 +69,7 @@ def op_upgrade(
     dialect = context.dialect.name
     names = TableNames(table=table, schema=schema)
     if not context.as_sql:  # online: the database says where its outbox schema stands
+        _refuse_foreign_tables(op.get_bind(), names)
         installed = _installed(op.get_bind(), names)
         target = ddl.latest_version(ddl.dialect_of(dialect)) if to_version is None else to_version
         if installed < from_version:
@@ -86,6 +87,20 @@ def op_upgrade(
         # text() would take ":word" for a bind parameter (and "::jsonb" is next to one): every
         # colon escaped is sent as written
         op.execute(text(statement.replace(":", "\\:")))
+
+
+def _refuse_foreign_tables(bind: Any, names: TableNames) -> None:
+    """A table of the outbox's names that outboxer did not make for it (the application's, or
+    another outbox's: the outbox ``outbox_inbox`` beside ``outbox``) is refused before any DDL:
+    MySQL's ``CREATE TABLE IF NOT EXISTS`` would take it for the outbox's own."""
+    inspector = inspect(bind)
+
+    def columns(table: str) -> list[str] | None:
+        if not inspector.has_table(table, schema=names.schema):
+            return None
+        return [column["name"] for column in inspector.get_columns(table, schema=names.schema)]
+
+    _sql.refuse_foreign_tables(names, columns)
 
 
 def _installed(bind: Any, names: TableNames) -> int:

@@ -13,6 +13,7 @@ Placeholders such as ``{outbox}`` are replaced by the validated, quoted names of
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -39,6 +40,36 @@ TABLES = {
     "inbox": "_inbox",
     "inbox_failures": "_inbox_failures",
 }
+
+#: A column each of an outbox's tables has had since it was created (version 1-3), and no other
+#: of them has: a table of the outbox's names without it is not this outbox's (an application's
+#: own, or another outbox's: the outbox ``outbox_inbox`` is where ``outbox`` keeps its inbox).
+OWN_COLUMNS = {
+    "outbox": "claim_token",
+    "dead_letters": "dl_seq",
+    "relays": "relay_id",
+    "sweeps": "swept_by",
+    "schema_version": "applied_at",
+    "inbox": "expires_at",
+    "inbox_failures": "next_attempt_at",
+}
+
+
+def refuse_foreign_tables(
+    names: TableNames, columns: Callable[[str], Collection[str] | None], quote: str = '"'
+) -> None:
+    """Raise ``SchemaError`` if a table of ``names``' outbox exists and is not one outboxer
+    made for it (``columns``: a table's column names, ``None`` where there is no such table).
+    A table an interrupted install made has the column checked, and passes."""
+    for table, suffix in TABLES.items():
+        name, column = f"{names.table}{suffix}", OWN_COLUMNS[table]
+        found = columns(name)
+        if found is not None and column not in {c.lower() for c in found}:
+            raise SchemaError(
+                f"table {quote}{name}{quote} already exists and was not created by outboxer "
+                f"for this outbox (it has no {column} column): nothing was changed; choose "
+                "another --table (or --schema) for the outbox"
+            )
 
 
 def placeholders(names: TableNames, quote: str = '"') -> dict[str, str]:

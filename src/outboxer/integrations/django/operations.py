@@ -14,7 +14,7 @@ from typing import Any
 from django.db import DatabaseError, migrations, transaction
 
 from outboxer.integrations.django.conf import outbox_on
-from outboxer.stores import ddl
+from outboxer.stores import _sql, ddl
 
 __all__ = ["UpgradeOutbox", "installed_version"]
 
@@ -33,6 +33,18 @@ def installed_version(connection: Any, dialect: str, names: Any) -> int:
     except DatabaseError:
         return 0
     return int(row[0] or 0) if row else 0
+
+
+def _columns(connection: Any, schema: str | None, table: str, quote: str) -> list[str] | None:
+    """The column names of ``table``, ``None`` when there is no such table."""
+    name = f"{quote}{table}{quote}"
+    qualified = f"{quote}{schema}{quote}.{name}" if schema else name
+    try:
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            cursor.execute(f"SELECT * FROM {qualified} WHERE 1 = 0")
+            return [str(column[0]) for column in cursor.description]
+    except DatabaseError:
+        return None
 
 
 class UpgradeOutbox(migrations.RunPython):
@@ -68,5 +80,10 @@ class UpgradeOutbox(migrations.RunPython):
             current = installed_version(connection, dialect, names)
         if current >= self.version:
             return
+        if not schema_editor.collect_sql:
+            quote = ddl.quote_of(dialect)
+            _sql.refuse_foreign_tables(
+                names, lambda table: _columns(connection, names.schema, table, quote), quote
+            )
         for statement in ddl.upgrade_statements(dialect, names, current, self.version):
             schema_editor.execute(statement, params=None)

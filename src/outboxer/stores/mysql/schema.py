@@ -41,18 +41,6 @@ _UPGRADE_LOCK_SECONDS = 300
 #: after a statement and before its version was recorded meets exactly these when run again.
 _ALREADY_APPLIED = {1050, 1060, 1061, 1091}
 
-#: A column each of an outbox's tables has had since it was created, and no other of them has:
-#: a table of the outbox's names without it is not this outbox's.
-_OWN_COLUMNS = {
-    "": "claim_token",
-    "_dead_letters": "dl_seq",
-    "_relays": "relay_id",
-    "_sweeps": "swept_by",
-    "_schema_version": "applied_at",
-    "_inbox": "expires_at",
-    "_inbox_failures": "next_attempt_at",
-}
-
 log = logging.getLogger("outboxer.schema")
 
 
@@ -118,22 +106,18 @@ class MysqlSchema(MysqlPart):
         outbox would read and write the other's table, or a later version fail on its missing
         columns, for good. A table an interrupted install created has the column checked here
         (one each table has had since it was created) and is completed."""
-        names = self.names
-        tables = {f"{names.table}{suffix}": column for suffix, column in _OWN_COLUMNS.items()}
-        where = "TABLE_SCHEMA = COALESCE(%(schema)s, DATABASE()) AND TABLE_NAME = %(t)s"
-        for table, column in tables.items():
-            args = {"schema": names.schema, "t": table}
+        found: dict[str, list[str]] = {}
+        for table in _sql.TABLES.values():
+            name = f"{self.names.table}{table}"
             columns = await fetch_value(
                 conn,
-                f"SELECT GROUP_CONCAT(COLUMN_NAME) FROM information_schema.COLUMNS WHERE {where}",
-                args,
+                "SELECT GROUP_CONCAT(COLUMN_NAME) FROM information_schema.COLUMNS "
+                "WHERE TABLE_SCHEMA = COALESCE(%(schema)s, DATABASE()) AND TABLE_NAME = %(t)s",
+                {"schema": self.names.schema, "t": name},
             )
-            if columns is not None and column not in _text(columns).split(","):
-                raise SchemaError(
-                    f"table `{table}` already exists and was not created by outboxer for this "
-                    f"outbox (it has no {column} column): nothing was changed; choose another "
-                    "--table (or --schema) for the outbox"
-                )
+            if columns is not None:
+                found[name] = _text(columns).split(",")
+        _sql.refuse_foreign_tables(self.names, found.get, quote="`")
 
     async def _version_table_exists(self, conn: Conn) -> bool:
         names = self.names
