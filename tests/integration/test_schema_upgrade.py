@@ -144,6 +144,30 @@ async def test_a_sqlite_table_name_in_other_letter_case_is_the_same_outbox(tmp_p
             assert (await same.stats()).pending == 0
 
 
+@pytest.mark.parametrize("other", ["outbox_schema_version", "outbox_inbox"])
+async def test_another_outbox_named_after_one_of_the_outboxes_tables_is_refused_in_one_line(
+    pg_url: str, pg_schema: str, tmp_path: Path, other: str
+) -> None:
+    """Found by a probe: beside an outbox ``outbox_schema_version``, ``db upgrade`` (and every
+    command) of the outbox ``outbox`` failed with "column "version" does not exist", naming
+    neither table (PostgreSQL, SQLite). Refused as on MySQL now, naming the table; the other
+    outbox untouched."""
+    for names, store in (
+        (TableNames(schema=pg_schema), PostgresStore(pg_url, TableNames(other, pg_schema))),
+        (TableNames(), SqliteStore(tmp_path / "two.db", TableNames(other))),
+    ):
+        async with store as neighbour:
+            await neighbour.migrate()
+            same = type(store)(pg_url if names.schema else tmp_path / "two.db", names)
+            async with same:
+                for _ in range(2):
+                    with pytest.raises(
+                        SchemaError, match=f'table "{other}" already exists and was not created'
+                    ):
+                        await same.migrate()
+            await neighbour.check_schema()
+
+
 async def test_a_store_opened_before_the_upgrade_sees_the_new_database(tmp_path: Path) -> None:
     path = tmp_path / "later.db"
     async with SqliteStore(path) as relay_side:

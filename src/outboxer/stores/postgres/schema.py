@@ -29,6 +29,16 @@ class PostgresSchema(PostgresPart):
                 "SELECT pg_advisory_xact_lock(hashtext($1))",
                 f"outboxer.upgrade.{self.names.schema or 'public'}",
             )
+            columns = {}
+            for suffix in _sql.TABLES.values():
+                found = await conn.fetchval(
+                    "SELECT array_agg(attname::text) FROM pg_attribute "
+                    "WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+                    self.names.qualified(suffix),
+                )
+                if found is not None:
+                    columns[f"{self.names.table}{suffix}"] = found
+            _sql.refuse_foreign_tables(self.names, columns.get)
             for statement in ddl.prelude("postgres", self.names):
                 await conn.execute(statement)
             current = await conn.fetchval(f"SELECT max(version) FROM {version_table}") or 0

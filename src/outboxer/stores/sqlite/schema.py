@@ -21,6 +21,14 @@ class SqliteSchema(SqlitePart):
         applied = []
         await self.db.open(create=True)  # the one operation that creates the database file
         async with self.db.transaction() as conn:
+            columns = {}
+            for suffix in _sql.TABLES.values():
+                name = f"{self.names.table}{suffix}"
+                async with conn.execute(f'PRAGMA table_info("{name}")') as cur:
+                    found = [row[1] for row in await cur.fetchall()]
+                if found:
+                    columns[name] = found
+            _sql.refuse_foreign_tables(self.names, columns.get)
             await conn.execute(ddl.version_table("sqlite", self.names))
             async with conn.execute(f"SELECT max(version) FROM {table}") as cur:
                 row = await cur.fetchone()
