@@ -12,7 +12,7 @@ import pytest
 from outboxer.config import RelaySettings, TableNames
 from outboxer.errors import SchemaError
 from outboxer.outbox import Outbox
-from outboxer.ports import ClaimRequest, DeadLetterFilter, MessageFilter
+from outboxer.ports import ClaimRequest, DeadLetterFilter, MessageFilter, Settlement
 from outboxer.relay import Relay
 from outboxer.stores import _sql
 from outboxer.stores.mysql import MysqlStore
@@ -90,6 +90,49 @@ async def test_commit_order_a_slower_earlier_transaction_is_never_overtaken(
         await task
         t1.close()
         t2.close()
+
+
+async def test_a_writer_holding_a_row_does_not_hold_up_the_settles_of_others(
+    mysql_store: MysqlStore, mysql_database: str
+) -> None:
+    """A writer's open transaction with an outbox row of its own (a long business
+    transaction) holds back that row alone.
+
+    On a small table MariaDB read the settles' ``DELETE ... WHERE id IN (...)`` (ack,
+    dead letter) through the whole table rather than the id index, and waited for the writer's
+    uncommitted row: every settle stalled for the writer's transaction, or for
+    ``innodb_lock_wait_timeout`` (50 s) and then failed, its leases ran out and its messages
+    went out again (a probe).
+    """
+    writer = await mysql_connect(mysql_database)
+    try:
+        async with writer.cursor() as cur:
+            await cur.execute("START TRANSACTION")
+        await enqueue(writer, mysql_database, "t", {"n": 0}, key="held")
+        add = await mysql_connect(mysql_database)
+        try:
+            for n in range(40):
+                await enqueue(add, mysql_database, "t", {"n": n}, key=f"k{n}")
+        finally:
+            add.close()
+        async with asyncio.timeout(20):  # a stall waits 50 s per statement
+            for kind in ("extend", "published", "released", "dead"):
+                claim = await mysql_store.claim_batch(
+                    ClaimRequest(limit=10, lease_seconds=30, ordered=False, relay_id="r")
+                )
+                ids = [m.id for m in claim.messages]
+                assert len(ids) == 10
+                if kind == "extend":
+                    assert await mysql_store.extend_lease(claim, 30) == 10
+                    settlement = Settlement(published=ids)
+                elif kind == "dead":
+                    settlement = Settlement(dead=[(i, "no") for i in ids])
+                else:
+                    settlement = Settlement(**{kind: ids})
+                await mysql_store.settle(claim, settlement)
+        assert (await mysql_store.stats()).pending == 10  # the released ones
+    finally:
+        writer.close()
 
 
 async def test_a_rolled_back_transaction_releases_its_key(

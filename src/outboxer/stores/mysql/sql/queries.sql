@@ -133,7 +133,14 @@ SET claim_token = %(token)s, locked_by = %(relay)s,
 WHERE seq IN %(seqs)s
 
 -- name: ack
-DELETE FROM {outbox} WHERE id IN %(ids)s AND claim_token = %(token)s
+-- Pinned to the id index (as dead_letter_delete): on a small table MariaDB reads the whole
+-- table instead, and a DELETE (unlike an UPDATE at READ COMMITTED) waits for each row it reads
+-- that another transaction holds: every settle waited for the rows an application's open
+-- transaction had written (a long business transaction stalled every ack, up to
+-- innodb_lock_wait_timeout, then failed it). DELETE takes an index hint only in its
+-- multi-table form.
+DELETE o FROM {outbox} o FORCE INDEX (`{t}_id`)
+WHERE o.id IN %(ids)s AND o.claim_token = %(token)s
 
 -- name: retry
 -- items: [[id, delay seconds, reason], ...]
@@ -177,7 +184,8 @@ WHERE o.claim_token = %(token)s
 ORDER BY o.seq
 
 -- name: dead_letter_delete
-DELETE FROM {outbox} WHERE id IN %(ids)s AND claim_token = %(token)s
+DELETE o FROM {outbox} o FORCE INDEX (`{t}_id`)
+WHERE o.id IN %(ids)s AND o.claim_token = %(token)s
 
 -- name: release_expired
 -- No index covers claim_token (a claim would then write it): this scans the table, which is
