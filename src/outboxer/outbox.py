@@ -432,7 +432,7 @@ class Outbox:
         ``{"topic": "orders", "payload": {...}, "key": "42"}``.
         """
         messages = _listed(messages)
-        writer, target = sync_writer(conn)
+        writer, target = sync_writer(conn, "enqueue_many_async")
         if isinstance(writer, SyncStreamingWriter) and self._streams(messages):
             chunks, ids = self._streamed(messages)
             with contextlib.suppress(ApplicationCode):  # undone: validated whole below
@@ -448,7 +448,7 @@ class Outbox:
     ) -> list[str]:
         """Async twin of :meth:`enqueue_many`, for the connections of :meth:`enqueue_async`."""
         messages = _listed(messages)
-        writer, target = async_writer(conn)
+        writer, target = async_writer(conn, "enqueue_many")
         if isinstance(writer, AsyncStreamingWriter) and self._streams(messages):
             chunks, ids = self._streamed(messages)
             with contextlib.suppress(ApplicationCode):  # as enqueue_many's

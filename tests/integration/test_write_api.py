@@ -821,11 +821,15 @@ async def test_refused_values_leave_the_transaction_usable(database: Database) -
                 await tx.enqueue_many(not_a_batch)
         # the wrong twin is refused before any SQL too
         if tx.is_async:
-            with pytest.raises(ConfigurationError, match="asynchronous"):
+            with pytest.raises(ConfigurationError, match=r"asynchronous: use 'await enqueue_as"):
                 database.outbox.enqueue(tx.conn, "t", {})
+            with pytest.raises(ConfigurationError, match=r"use 'await enqueue_many_async\("):
+                database.outbox.enqueue_many(tx.conn, [GOOD])
         else:
-            with pytest.raises(ConfigurationError, match="synchronous"):
+            with pytest.raises(ConfigurationError, match=r"synchronous: use 'enqueue\("):
                 await database.outbox.enqueue_async(tx.conn, "t", {})
+            with pytest.raises(ConfigurationError, match=r"synchronous: use 'enqueue_many\("):
+                await database.outbox.enqueue_many_async(tx.conn, [GOOD])
         # on PostgreSQL, any failed statement would have aborted the transaction
         kept = [await tx.enqueue(**GOOD), *await tx.enqueue_many([GOOD])]
     assert [r["id"] for r in await database.rows()] == kept

@@ -281,27 +281,26 @@ def columns(quote: str = '"', fields: Sequence[str] = Row._fields) -> str:
     return ", ".join(f"{quote}{field}{quote}" for field in fields)
 
 
-def _wrong_twin(conn: Any, is_async: bool) -> ConfigurationError:
+def _wrong_twin(conn: Any, is_async: bool, twin: str) -> ConfigurationError:
+    name = type(conn).__qualname__
     if is_async:
-        return ConfigurationError(
-            f"{type(conn).__qualname__} is asynchronous: use 'await enqueue_async(...)'"
-        )
-    return ConfigurationError(
-        f"{type(conn).__qualname__} is synchronous: use 'enqueue(...)' (no await)"
-    )
+        return ConfigurationError(f"{name} is asynchronous: use 'await {twin}(...)'")
+    return ConfigurationError(f"{name} is synchronous: use '{twin}(...)' (no await)")
 
 
-def sync_writer(conn: Any) -> tuple[SyncWriter, Any]:
-    """:func:`writer_for` for ``enqueue``: refuses an asynchronous connection."""
+def sync_writer(conn: Any, twin: str = "enqueue_async") -> tuple[SyncWriter, Any]:
+    """:func:`writer_for` for ``enqueue``: refuses an asynchronous connection, naming ``twin``
+    (the function to call instead)."""
     writer, target = writer_for(conn)
     if writer.is_async is True:
-        raise _wrong_twin(conn, writer.is_async)
+        raise _wrong_twin(conn, writer.is_async, twin)
     return writer, target
 
 
-def async_writer(conn: Any) -> tuple[AsyncWriter, Any]:
-    """:func:`writer_for` for ``enqueue_async``: refuses a synchronous connection."""
+def async_writer(conn: Any, twin: str = "enqueue") -> tuple[AsyncWriter, Any]:
+    """:func:`writer_for` for ``enqueue_async``: refuses a synchronous connection, naming
+    ``twin``."""
     writer, target = writer_for(conn)
     if writer.is_async is False:
-        raise _wrong_twin(conn, writer.is_async)
+        raise _wrong_twin(conn, writer.is_async, twin)
     return writer, target
